@@ -1,0 +1,32 @@
+"""Models: the Llama family as a pure forward over a params pytree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from specjax.models.cache import KVCache
+from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
+from specjax.models.llama import ForwardOutput, forward, init_params, lm_head, param_shapes
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A model: static `config` plus the `params` pytree. A pytree itself (config is static),
+    so a Model can be passed through jit, vmap and sharding as is."""
+
+    params: dict
+    config: ModelConfig = dataclasses.field(metadata=dict(static=True))
+
+    @classmethod
+    def init(cls, config: ModelConfig, key: jax.Array) -> "Model":
+        return cls(init_params(config, key), config)
+
+    def __call__(self, tokens, **kwargs) -> ForwardOutput:
+        return forward(self.config, self.params, tokens, **kwargs)
+
+
+__all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "forward",
+           "init_params", "lm_head", "param_shapes", "SUPPORTED_MODEL_TYPES"]

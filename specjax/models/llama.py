@@ -1,0 +1,203 @@
+"""The pure forward of the Llama family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3).
+
+One function, `forward`, serves every use:
+- a plain causal forward (no cache);
+- prefill into a KVCache (new entries written at each row's own length);
+- decoding N new tokens per row at arbitrary positions under an [N, N] tree mask; the tokens
+  see the row's whole committed prefix and the tree nodes the mask allows (their ancestors).
+
+Parameters are a nested dict; the layers are stacked on a leading axis and scanned. Matmul
+weights are stored [in, out].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.tree_attention import tree_attention
+from specjax.models.cache import KVCache
+from specjax.models.config import ModelConfig
+
+
+class ForwardOutput(NamedTuple):
+    logits: jax.Array | None  # float32 [B, T, V], None when not asked for
+    hidden: jax.Array  # [B, T, E]: the final normed hidden state (what the LM head reads)
+    layer_hidden: jax.Array | None  # [len(return_layers), B, T, E]: outputs of chosen layers
+    cache: KVCache | None
+
+
+# ---- parameters ---------------------------------------------------------------------------------
+
+def param_shapes(config: ModelConfig) -> dict:
+    """The shape of every parameter, as a nested dict mirroring the params pytree."""
+    c = config
+    e, f, L = c.hidden_size, c.intermediate_size, c.num_layers
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layers = {
+        "attn_norm": (L, e), "wq": (L, e, q), "wk": (L, e, kv), "wv": (L, e, kv),
+        "wo": (L, q, e), "mlp_norm": (L, e), "w_gate": (L, e, f), "w_up": (L, e, f),
+        "w_down": (L, f, e),
+    }
+    if c.attention_bias:
+        layers.update(bq=(L, q), bk=(L, kv), bv=(L, kv))
+    if c.qk_norm:
+        layers.update(q_norm=(L, c.head_dim), k_norm=(L, c.head_dim))
+    shapes = {"embed": (c.vocab_size, e), "layers": layers, "norm": (e,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head"] = (e, c.vocab_size)
+    return shapes
+
+
+def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> dict:
+    """Random init (normal(0, std) matrices, unit norms, zero biases), GPT-2 style scaled
+    residual outputs."""
+    shapes = param_shapes(config)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    keys = jax.random.split(key, len(flat))
+    leaves = []
+    for (path, shape), k in zip(flat, keys):
+        name = path[-1].key
+        if name.endswith("norm"):
+            leaves.append(jnp.ones(shape, config.jnp_dtype))
+        elif name.startswith("b"):
+            leaves.append(jnp.zeros(shape, config.jnp_dtype))
+        else:
+            scale = std / math.sqrt(2 * config.num_layers) if name in ("wo", "w_down") else std
+            leaves.append((scale * jax.random.normal(k, shape, jnp.float32)).astype(config.jnp_dtype))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+# ---- building blocks ----------------------------------------------------------------------------
+
+def rms_norm(x, w, eps):
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (w.astype(jnp.float32) * x32).astype(x.dtype)
+
+
+def dense(x, w):
+    """x [..., K] @ w [K, N], accumulated in float32, returned in x's dtype."""
+    return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+    """Inverse frequencies [hd/2], with the llama3 correction when configured."""
+    hd = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    s = config.rope_scaling
+    if s is None:
+        return inv
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * inv / s.factor + smooth * inv
+    inv = jnp.where(wavelen > low_wavelen, inv / s.factor, inv)
+    return jnp.where((wavelen <= low_wavelen) & (wavelen >= high_wavelen), smoothed, inv)
+
+
+def apply_rope(x, positions, inv_freq):
+    """Half-split (rotate-half) RoPE, HF layout. x [B,T,H,hd], positions int[B,T]."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,hd/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq):
+    """Self-attention of one layer; returns (output, k_new, v_new)."""
+    c = config
+    b, t, _ = x.shape
+    q = dense(x, lp["wq"])
+    k = dense(x, lp["wk"])
+    v = dense(x, lp["wv"])
+    if c.attention_bias:
+        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+    q = q.reshape(b, t, c.num_heads, c.head_dim)
+    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+        q = rms_norm(q, lp["q_norm"], c.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], c.rms_norm_eps)
+    q = apply_rope(q, positions, inv_freq)
+    k = apply_rope(k, positions, inv_freq)
+    out = tree_attention(q, k_cache, v_cache, lengths, k, v, tree_mask,
+                         q_positions=positions, window=c.sliding_window)
+    return dense(out.reshape(b, t, -1), lp["wo"]), k, v
+
+
+def _mlp_block(lp, x):
+    return dense(jax.nn.silu(dense(x, lp["w_gate"])) * dense(x, lp["w_up"]), lp["w_down"])
+
+
+# ---- the forward --------------------------------------------------------------------------------
+
+def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
+            positions: jax.Array | None = None, cache: KVCache | None = None,
+            tree_mask: jax.Array | None = None, return_layers: tuple[int, ...] = (),
+            compute_logits: bool = True) -> ForwardOutput:
+    """Run the model on `tokens` int[B, T].
+
+    positions: int[B, T]; default `cache.lengths + arange(T)` (or `arange(T)` without a cache).
+    cache: when given, the T new K/V entries are written at slots [lengths, lengths + T) of
+      each row and attention also covers the committed slots [0, lengths).
+    tree_mask: bool[B, T, T], which new tokens each new token sees; default causal.
+    return_layers: indices of decoder layers whose outputs (pre final norm) to return.
+    """
+    c = config
+    b, t = tokens.shape
+    if positions is None:
+        start = cache.lengths[:, None] if cache is not None else jnp.zeros((b, 1), jnp.int32)
+        positions = start + jnp.arange(t, dtype=jnp.int32)[None, :]
+    if tree_mask is None:
+        tree_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    if c.sliding_window is not None:  # the window applies inside the new block as well
+        tree_mask = tree_mask & (positions[:, :, None] - positions[:, None, :] < c.sliding_window)
+    inv_freq = rope_inv_freq(c)
+    x = params["embed"][tokens].astype(c.jnp_dtype)
+
+    if cache is None:
+        empty = jnp.zeros((b, 0, c.num_kv_heads, c.head_dim), c.jnp_dtype)
+        lengths = jnp.zeros((b,), jnp.int32)
+    else:
+        lengths = cache.lengths
+        rows = jnp.arange(b)[:, None]
+        slots = lengths[:, None] + jnp.arange(t)[None, :]
+
+    def layer(carry, xs):
+        x, k_all, v_all = carry
+        lp, i = xs
+        if cache is None:
+            k_layer = v_layer = empty
+        else:
+            k_layer, v_layer = k_all[i], v_all[i]
+        h, k_new, v_new = _attention_block(c, lp, rms_norm(x, lp["attn_norm"], c.rms_norm_eps),
+                                           positions, tree_mask, k_layer, v_layer, lengths, inv_freq)
+        x = x + h
+        x = x + _mlp_block(lp, rms_norm(x, lp["mlp_norm"], c.rms_norm_eps))
+        if cache is not None:
+            k_all = k_all.at[i, rows, slots].set(k_new.astype(k_all.dtype), mode="drop")
+            v_all = v_all.at[i, rows, slots].set(v_new.astype(v_all.dtype), mode="drop")
+        return (x, k_all, v_all), (x if return_layers else None)
+
+    kv0 = (cache.k, cache.v) if cache is not None else (None, None)
+    (x, k_all, v_all), per_layer = jax.lax.scan(
+        layer, (x, *kv0), (params["layers"], jnp.arange(c.num_layers)))
+    layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
+    hidden = rms_norm(x, params["norm"], c.rms_norm_eps)
+    logits = lm_head(config, params, hidden) if compute_logits else None
+    new_cache = cache._replace(k=k_all, v=v_all) if cache is not None else None
+    return ForwardOutput(logits, hidden, layer_hidden, new_cache)
+
+
+def lm_head(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
+    """Final-normed hidden [..., E] -> float32 logits [..., V]."""
+    w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    return jnp.einsum("...e,ev->...v", hidden, w.astype(hidden.dtype),
+                      preferred_element_type=jnp.float32)
