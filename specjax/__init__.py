@@ -1,6 +1,23 @@
-"""specjax: lossless speculative and parallel decoding for LLMs in JAX."""
+"""specjax: lossless speculative and parallel decoding for LLMs in JAX.
 
+    import specjax as sj
+    model = sj.load("tiny")
+    out = sj.generate(model, [[1, 2, 3]], max_new_tokens=32)
+"""
+
+from specjax import sampling
+from specjax.convert import load, save
+from specjax.engine import GenerateOutput, generate, make_generate, stream
 from specjax.models import KVCache, Model, ModelConfig
+from specjax.models import forward as _forward
 
 __version__ = "0.1.0"
-__all__ = ["Model", "ModelConfig", "KVCache"]
+
+
+def forward(model: Model, tokens):
+    """Plain causal forward: int [B, T] -> float32 logits [B, T, V]."""
+    return _forward(model.config, model.params, tokens).logits
+
+
+__all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "save", "forward",
+           "generate", "make_generate", "stream", "sampling"]

@@ -40,7 +40,7 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v projection biases (Qwen2; Llama with attention_bias)
+    attention_bias: bool = False  # q/k/v projection biases (Qwen2)
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
     sliding_window: int | None = None  # Mistral: a query sees the last `sliding_window` positions
     dtype: str = "float32"
@@ -90,7 +90,7 @@ class ModelConfig:
         rope = dict(hf.get("rope_parameters") or {})
         if hf.get("rope_scaling"):
             rope.update(hf["rope_scaling"])
-        rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        rope_theta = float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         scaling = None
         if rope_type == "llama3":
@@ -109,6 +109,9 @@ class ModelConfig:
             sliding = None  # Qwen2 configs carry a window that is off unless use_sliding_window
         if model_type == "qwen3" and not hf.get("use_sliding_window", False):
             sliding = None
+        if hf.get("mlp_bias") or (model_type != "qwen2" and hf.get("attention_bias")):
+            raise ValueError(f"{model_type} with mlp_bias or attention_bias (output-projection "
+                             f"biases) is not supported")
         eos = hf.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
@@ -129,7 +132,7 @@ class ModelConfig:
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", model_type == "qwen2")),
+            attention_bias=model_type == "qwen2",
             qk_norm=model_type == "qwen3",
             sliding_window=sliding,
             dtype=dtype,
@@ -161,7 +164,7 @@ class ModelConfig:
             "eos_token_id": self.eos_token_id,
         }
         if self.model_type in ("llama", "qwen3"):
-            hf["attention_bias"] = self.attention_bias
+            hf["attention_bias"] = False
         if self.rope_scaling is not None:
             hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
         if self.sliding_window is not None:

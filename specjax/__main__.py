@@ -1,0 +1,111 @@
+"""`python -m specjax <command>`: generate, convert."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DRAFTERS = ("none",)  # speculative drafters join this list as they land
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported as one line on stderr with exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specjax", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt, printing as it comes")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--model", default="tiny", help="shipped model name or HF folder with a tokenizer")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--drafter", default="none", help=f"one of: {', '.join(DRAFTERS)}")
+
+    c = sub.add_parser("convert", help="convert an HF folder to a specjax checkpoint (or back)")
+    c.add_argument("src", help="HF folder or specjax checkpoint")
+    c.add_argument("out")
+    c.add_argument("--format", choices=("specjax", "hf"), default="specjax")
+    c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    return ap
+
+
+def _load_tokenizer(folder: Path):
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        raise UsageError(f"{folder} has no tokenizer.json; --model needs a folder with a tokenizer")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # a malformed tokenizer file
+        raise UsageError(f"{path}: cannot read the tokenizer ({e})") from None
+
+
+def cmd_generate(args) -> None:
+    import jax
+
+    import specjax as sj
+    from specjax.convert import resolve
+    from specjax.sampling import SamplingParams
+
+    if args.drafter not in DRAFTERS:
+        raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(DRAFTERS)}")
+    try:
+        SamplingParams(args.temperature, args.top_k, args.top_p)
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+        folder = resolve(args.model)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    tokenizer = _load_tokenizer(folder)
+    try:
+        model = sj.load(folder)
+    except (ValueError, OSError, KeyError) as e:
+        raise UsageError(f"cannot load --model {args.model}: {e}") from None
+    ids = tokenizer.encode(args.prompt).ids
+    if not ids:
+        raise UsageError("--prompt is empty after tokenization")
+    print(args.prompt, end="", flush=True)
+    t0, new = time.perf_counter(), []
+    for chunk in sj.stream(model, ids, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                           key=jax.random.key(args.seed), eos_token_id=model.config.eos_token_id):
+        before = tokenizer.decode(ids + new)
+        new += chunk
+        print(tokenizer.decode(ids + new)[len(before):], end="", flush=True)
+    wall = time.perf_counter() - t0
+    print(f"\n[{len(new)} new tokens, {len(new) / wall:.1f} tokens/s, tau 1.00, method ar]",
+          file=sys.stderr)
+
+
+def cmd_convert(args) -> None:
+    import specjax as sj
+
+    try:
+        model = sj.load(args.src, dtype=args.dtype)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    sj.save(model, args.out, format=args.format)
+    print(f"wrote {args.format} checkpoint to {args.out} "
+          f"({model.config.model_type}, {model.config.num_params / 1e6:.2f}M parameters)")
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        {"generate": cmd_generate, "convert": cmd_convert}[args.command](args)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

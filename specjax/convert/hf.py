@@ -1,0 +1,142 @@
+"""Hugging Face safetensors folders <-> specjax Model (Llama, Mistral, Qwen2/2.5, Qwen3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.flax import save_file
+
+from specjax.models import Model, ModelConfig, param_shapes
+
+# HF per-layer name -> (specjax name, transpose). Linear weights are torch [out, in]; ours [in, out].
+_LAYER_KEYS = {
+    "input_layernorm.weight": ("attn_norm", False),
+    "self_attn.q_proj.weight": ("wq", True),
+    "self_attn.k_proj.weight": ("wk", True),
+    "self_attn.v_proj.weight": ("wv", True),
+    "self_attn.o_proj.weight": ("wo", True),
+    "self_attn.q_proj.bias": ("bq", False),
+    "self_attn.k_proj.bias": ("bk", False),
+    "self_attn.v_proj.bias": ("bv", False),
+    "self_attn.q_norm.weight": ("q_norm", False),
+    "self_attn.k_norm.weight": ("k_norm", False),
+    "post_attention_layernorm.weight": ("mlp_norm", False),
+    "mlp.gate_proj.weight": ("w_gate", True),
+    "mlp.up_proj.weight": ("w_up", True),
+    "mlp.down_proj.weight": ("w_down", True),
+}
+_TOP_KEYS = {"model.embed_tokens.weight": ("embed", False), "model.norm.weight": ("norm", False),
+             "lm_head.weight": ("lm_head", True)}
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted({folder / name for name in weight_map.values()})
+    elif (folder / "model.safetensors").exists():
+        files = [folder / "model.safetensors"]
+    else:
+        found = sorted(p.name for p in folder.glob("*.safetensors"))
+        if not found:
+            pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+            hint = f" (found pickle files {pickles}; convert them to safetensors first)" if pickles else ""
+            raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json{hint}")
+        files = [folder / n for n in found]
+    missing = [str(p) for p in files if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{folder}: weight files listed in the index are missing: {missing}")
+    return files
+
+
+def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
+    """Read an HF folder (config.json + model.safetensors or a sharded index) into a Model.
+
+    Every tensor's shape is checked; missing and unexpected tensors are errors that name them.
+    """
+    folder = Path(path)
+    if not (folder / "config.json").exists():
+        raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
+    config = ModelConfig.from_json_file(folder / "config.json", dtype=dtype)
+    shapes = param_shapes(config)
+    per_layer: dict[str, list] = {name: [None] * config.num_layers for name in shapes["layers"]}
+    top: dict[str, np.ndarray] = {}
+    unexpected = []
+    for file in _weight_files(folder):
+        with safe_open(file, framework="flax") as f:
+            for key in f.keys():
+                if _IGNORED.match(key):
+                    continue
+                m = _LAYER_RE.fullmatch(key)
+                if m and m.group(2) in _LAYER_KEYS and int(m.group(1)) < config.num_layers:
+                    name, transpose = _LAYER_KEYS[m.group(2)]
+                    if name not in per_layer:
+                        unexpected.append(key)
+                        continue
+                    want = shapes["layers"][name][1:]
+                    per_layer[name][int(m.group(1))] = _checked(f.get_tensor(key), key, want, transpose)
+                elif key in _TOP_KEYS:
+                    name, transpose = _TOP_KEYS[key]
+                    if name == "lm_head" and config.tie_word_embeddings:
+                        continue  # tied: the head is the embedding
+                    top[name] = _checked(f.get_tensor(key), key, shapes[name], transpose)
+                else:
+                    unexpected.append(key)
+    missing = [f"model.layers.{i}.{_hf_layer_name(n)}" for n, ws in per_layer.items()
+               for i, w in enumerate(ws) if w is None]
+    missing += [_hf_top_name(n) for n in shapes if n != "layers" and n not in top]
+    if missing or unexpected:
+        raise ValueError(f"{folder}: checkpoint does not match config.json "
+                         f"(missing tensors: {missing[:8]}{' ...' if len(missing) > 8 else ''}; "
+                         f"unexpected tensors: {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''})")
+    dt = config.jnp_dtype
+    params = {k: v.astype(dt) for k, v in top.items()}
+    params["layers"] = {n: jnp.stack(ws).astype(dt) for n, ws in per_layer.items()}
+    return Model(params, config)
+
+
+def _checked(t, key, want, transpose):
+    t = t.T if transpose else t
+    if tuple(t.shape) != tuple(want):
+        raise ValueError(f"tensor {key}: expected shape {tuple(want)} (after transpose: {transpose}), "
+                         f"got {tuple(t.shape)}")
+    return t
+
+
+def _hf_layer_name(name):
+    return next(k for k, (n, _) in _LAYER_KEYS.items() if n == name)
+
+
+def _hf_top_name(name):
+    return next(k for k, (n, _) in _TOP_KEYS.items() if n == name)
+
+
+def save_hf(model: Model, path: str | os.PathLike) -> None:
+    """Write an HF folder (config.json + model.safetensors) that transformers loads."""
+    config, params = model.config, model.params
+    if any(not hasattr(w, "shape") for w in params["layers"].values()):
+        raise ValueError("cannot write a quantized model in HF format; save it with format='specjax'")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, (key, transpose) in ((n, (k, t)) for k, (n, t) in _TOP_KEYS.items()):
+        if name in params:
+            tensors[key] = params[name].T if transpose else params[name]
+    for hf_name, (name, transpose) in _LAYER_KEYS.items():
+        if name in params["layers"]:
+            for i in range(config.num_layers):
+                w = params["layers"][name][i]
+                tensors[f"model.layers.{i}.{hf_name}"] = w.T if transpose else w
+    save_file({k: jnp.asarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(folder / "config.json", "w") as f:
+        json.dump(config.to_hf(), f, indent=2)

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random-init transformers models of each supported family."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+            pad_token_id=0)
+
+# name -> (config class, extra kwargs). Covers MHA and GQA, tied and untied, llama3 rope
+# scaling, a Mistral sliding window shorter than the test sequences, Qwen2 biases, Qwen3 qk-norm.
+FAMILIES = {
+    "llama-mha-untied": ("LlamaConfig", dict(num_key_value_heads=4, tie_word_embeddings=False)),
+    "llama3-gqa-tied-scaled": ("LlamaConfig", dict(
+        num_key_value_heads=2, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=16))),
+    "mistral-window": ("MistralConfig", dict(num_key_value_heads=2, sliding_window=5)),
+    "qwen2-tied": ("Qwen2Config", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3-gqa": ("Qwen3Config", dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)),
+}
+
+
+def make_hf_model(name: str, folder, seed: int = 0):
+    """Build, save (save_pretrained) and return a random-init transformers model of a family."""
+    cls_name, extra = FAMILIES[name]
+    config = getattr(transformers, cls_name)(**{**BASE, **extra})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norms start at 1 and biases at 0: randomise them so they are checked
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight") or n.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="session")
+def hf_family(tmp_path_factory):
+    """name -> (transformers model, saved folder), built once per session."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(name)
+            cache[name] = (make_hf_model(name, folder), folder)
+        return cache[name]
+
+    return get
