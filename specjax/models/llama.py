@@ -163,36 +163,29 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     x = params["embed"][tokens].astype(c.jnp_dtype)
 
     if cache is None:
-        empty = jnp.zeros((b, 0, c.num_kv_heads, c.head_dim), c.jnp_dtype)
-        lengths = jnp.zeros((b,), jnp.int32)
+        empty = jnp.zeros((c.num_layers, b, 0, c.num_kv_heads, c.head_dim), c.jnp_dtype)
+        k_cache, v_cache, lengths = empty, empty, jnp.zeros((b,), jnp.int32)
     else:
-        lengths = cache.lengths
-        rows = jnp.arange(b)[:, None]
-        slots = lengths[:, None] + jnp.arange(t)[None, :]
+        k_cache, v_cache, lengths = cache
 
-    def layer(carry, xs):
-        x, k_all, v_all = carry
-        lp, i = xs
-        if cache is None:
-            k_layer = v_layer = empty
-        else:
-            k_layer, v_layer = k_all[i], v_all[i]
+    def layer(x, xs):
+        lp, k_layer, v_layer = xs
         h, k_new, v_new = _attention_block(c, lp, rms_norm(x, lp["attn_norm"], c.rms_norm_eps),
                                            positions, tree_mask, k_layer, v_layer, lengths, inv_freq)
         x = x + h
         x = x + _mlp_block(lp, rms_norm(x, lp["mlp_norm"], c.rms_norm_eps))
-        if cache is not None:
-            k_all = k_all.at[i, rows, slots].set(k_new.astype(k_all.dtype), mode="drop")
-            v_all = v_all.at[i, rows, slots].set(v_new.astype(v_all.dtype), mode="drop")
-        return (x, k_all, v_all), (x if return_layers else None)
+        return x, (k_new, v_new, x if return_layers else None)
 
-    kv0 = (cache.k, cache.v) if cache is not None else (None, None)
-    (x, k_all, v_all), per_layer = jax.lax.scan(
-        layer, (x, *kv0), (params["layers"], jnp.arange(c.num_layers)))
+    x, (k_new, v_new, per_layer) = jax.lax.scan(layer, x, (params["layers"], k_cache, v_cache))
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
     hidden = rms_norm(x, params["norm"], c.rms_norm_eps)
     logits = lm_head(config, params, hidden) if compute_logits else None
-    new_cache = cache._replace(k=k_all, v=v_all) if cache is not None else None
+    new_cache = None
+    if cache is not None:  # one scatter of every layer's new entries at slots [lengths, lengths + T)
+        rows = jnp.arange(b)[:, None]
+        slots = lengths[:, None] + jnp.arange(t)[None, :]
+        write = lambda buf, new: buf.at[:, rows, slots].set(new.astype(buf.dtype), mode="drop")
+        new_cache = cache._replace(k=write(cache.k, k_new), v=write(cache.v, v_new))
     return ForwardOutput(logits, hidden, layer_hidden, new_cache)
 
 
