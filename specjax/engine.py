@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling
+from specjax import sampling, verify
+from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.models import KVCache, Model, ModelConfig, forward
 
 
@@ -37,12 +38,19 @@ class DecodeState(NamedTuple):
     """Everything the loop carries. out: int32[B, max_new_tokens] (-1 = not written)."""
 
     cache: KVCache
-    root: jax.Array  # int32[B]: last committed token, next forward's root
+    history: jax.Array  # int32[B, S]: committed tokens, the root last (see drafters.Context)
+    length: jax.Array  # int32[B]: committed tokens per row
     out: jax.Array
     num_out: jax.Array  # int32[B]
     done: jax.Array  # bool[B]
     key: jax.Array
     target_calls: jax.Array  # int32[B]: target forwards while the row was active
+    accepted_hist: jax.Array  # int32[B, D+1]: steps that accepted exactly a draft tokens
+    drafter_state: Any
+
+    @property
+    def root(self) -> jax.Array:
+        return jnp.take_along_axis(self.history, (self.length - 1)[:, None], axis=1)[:, 0]
 
 
 @dataclasses.dataclass
@@ -106,41 +114,54 @@ def _eos_ids(eos_token_id) -> tuple[int, ...]:
 
 # ---- the loop -----------------------------------------------------------------------------------
 
-def prefill(model: Model, prompts: jax.Array, lengths: jax.Array, key: jax.Array, *,
-            settings: DecodeSettings, cache_len: int) -> DecodeState:
-    """Cache every prompt token but the last; the last becomes the first root."""
+def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Array, key: jax.Array,
+            *, settings: DecodeSettings, cache_len: int) -> DecodeState:
+    """Cache every prompt token but the last (the last is the first root); start the drafter."""
     b = prompts.shape[0]
     cache = KVCache.init(model.config, b, cache_len)
     if prompts.shape[1] > 1:
         cache = forward(model.config, model.params, prompts[:, :-1], cache=cache,
                         compute_logits=False).cache
-    cache = cache._replace(lengths=lengths - 1)
-    root = jnp.take_along_axis(prompts, (lengths - 1)[:, None], axis=1)[:, 0]
+    history = jnp.zeros((b, cache_len), jnp.int32).at[:, : prompts.shape[1]].set(prompts)
     return DecodeState(
-        cache=cache, root=root, out=jnp.full((b, settings.max_new_tokens), -1, jnp.int32),
+        cache=cache._replace(lengths=lengths - 1), history=history, length=lengths,
+        out=jnp.full((b, settings.max_new_tokens), -1, jnp.int32),
         num_out=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), key=key,
-        target_calls=jnp.zeros((b,), jnp.int32))
+        target_calls=jnp.zeros((b,), jnp.int32),
+        accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
+        drafter_state=drafter.init(model, prompts, lengths, cache_len))
 
 
-def step(model: Model, state: DecodeState, settings: DecodeSettings) -> DecodeState:
-    """One target forward: emit one token per active row."""
-    key, sample_key = jax.random.split(state.key)
-    out = forward(model.config, model.params, state.root[:, None], cache=state.cache)
-    p = sampling.probs(out.logits[:, 0], settings.sampling)
-    next_token = sampling.sample(sample_key, p)
-    path = jnp.zeros((state.root.shape[0], 1), jnp.int32)
-    cache = out.cache.commit(path, jnp.zeros_like(state.num_out))
-    cache = cache._replace(lengths=jnp.where(state.done, state.cache.lengths, cache.lengths))
-    return _emit(state._replace(cache=cache, key=key), next_token[:, None],
-                 jnp.ones_like(state.num_out), settings)
+def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: DecodeSettings,
+         verifier: verify.Verifier) -> DecodeState:
+    """One target forward: propose a tree, verify it, commit the accepted path, emit its tokens."""
+    key, draft_key, verify_key = jax.random.split(state.key, 3)
+    ctx = Context(state.history, state.length, settings.sampling)
+    tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
+    out = forward(model.config, model.params, tree.tokens, positions=tree.positions(state.cache.lengths),
+                  cache=state.cache, tree_mask=tree.ancestors, return_layers=drafter.target_layers)
+    verdict = verifier(tree, sampling.probs(out.logits, settings.sampling), verify_key)
+    active = ~state.done
+    cache = out.cache.commit(verdict.path, verdict.num_accepted)
+    cache = cache._replace(lengths=jnp.where(active, cache.lengths, state.cache.lengths))
+    dstate = drafter.update(dstate, ctx, tree, verdict, out)
+    hist = state.accepted_hist + (jax.nn.one_hot(verdict.num_accepted, drafter.max_depth + 1, dtype=jnp.int32)
+                                  * active[:, None])
+    state = state._replace(cache=cache, key=key, drafter_state=dstate, accepted_hist=hist)
+    return _emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings)
 
 
 def _emit(state: DecodeState, new: jax.Array, count: jax.Array, settings: DecodeSettings) -> DecodeState:
-    """Append new[b, :count[b]] to active rows, cut at EOS and max_new_tokens; next root = last."""
+    """Append new[b, :count[b]] to active rows (output cut at EOS and max_new_tokens; the
+    history takes all of them, so the next root is the last new token)."""
     b, width = new.shape
+    rows = jnp.arange(b)[:, None]
     active = ~state.done
     idx = jnp.arange(width)[None, :]
     valid = (idx < count[:, None]) & active[:, None]
+    hist_pos = jnp.where(valid, state.length[:, None] + idx, state.history.shape[1])
+    history = state.history.at[rows, hist_pos].set(new, mode="drop")
+    length = state.length + jnp.where(active, count, 0)
     if settings.eos_token_ids:
         is_eos = jnp.isin(new, jnp.array(settings.eos_token_ids)) & valid
         first_eos = jnp.where(is_eos.any(1), jnp.argmax(is_eos, 1), width)
@@ -148,47 +169,67 @@ def _emit(state: DecodeState, new: jax.Array, count: jax.Array, settings: Decode
         hit_eos = is_eos.any(1)
     else:
         hit_eos = jnp.zeros((b,), bool)
-    room = settings.max_new_tokens - state.num_out
-    valid &= idx < room[:, None]
-    n = valid.sum(1).astype(jnp.int32)
+    valid &= idx < (settings.max_new_tokens - state.num_out)[:, None]
     pos = jnp.where(valid, state.num_out[:, None] + idx, settings.max_new_tokens)
-    out = state.out.at[jnp.arange(b)[:, None], pos].set(new, mode="drop")
-    num_out = state.num_out + n
+    out = state.out.at[rows, pos].set(new, mode="drop")
+    num_out = state.num_out + valid.sum(1).astype(jnp.int32)
     done = state.done | hit_eos | (num_out >= settings.max_new_tokens)
-    last = jnp.take_along_axis(new, jnp.maximum(count - 1, 0)[:, None], axis=1)[:, 0]
-    return state._replace(out=out, num_out=num_out, done=done,
-                          root=jnp.where(active, last, state.root),
+    return state._replace(history=history, length=length, out=out, num_out=num_out, done=done,
                           target_calls=state.target_calls + active.astype(jnp.int32))
 
 
-def decode(model: Model, prompts: jax.Array, lengths: jax.Array, key: jax.Array, *,
-           settings: DecodeSettings, cache_len: int) -> DecodeState:
+def decode(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Array, key: jax.Array, *,
+           settings: DecodeSettings, verifier: verify.Verifier, cache_len: int) -> DecodeState:
     """Prefill and run the loop to the end, all on the device."""
-    state = prefill(model, prompts, lengths, key, settings=settings, cache_len=cache_len)
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(model, s, settings), state)
+    state = prefill(model, drafter, prompts, lengths, key, settings=settings, cache_len=cache_len)
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                              lambda s: step(model, drafter, s, settings=settings, verifier=verifier),
+                              state)
 
 
-_decode_jit = jax.jit(decode, static_argnames=("settings", "cache_len"))
+_decode_jit = jax.jit(decode, static_argnames=("settings", "verifier", "cache_len"))
 
 
 # ---- public entry points ------------------------------------------------------------------------
 
-def _settings(max_new_tokens, temperature, top_k, top_p, eos_token_id) -> DecodeSettings:
-    return DecodeSettings(max_new_tokens, sampling.SamplingParams(float(temperature), top_k, top_p),
-                          _eos_ids(eos_token_id))
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The static pieces of one decode, resolved and checked on the host."""
+
+    drafter: Drafter
+    verifier: verify.Verifier
+    settings: DecodeSettings
+    cache_len: int
 
 
-def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int = 64,
-                  temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                  eos_token_id=None):
+def _plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter, verifier,
+          max_new_tokens, temperature, top_k, top_p, eos_token_id) -> _Plan:
+    settings = DecodeSettings(max_new_tokens, sampling.SamplingParams(float(temperature), top_k, top_p),
+                              _eos_ids(eos_token_id))
+    drafter = NoDrafter() if drafter is None else drafter
+    if not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter must be a specjax drafter (sj.drafters.*), got {type(drafter).__name__}")
+    if target is not None:
+        drafter.check(target)
+    verifier = drafter.default_verifier(settings.sampling) if verifier is None else verifier
+    if not isinstance(verifier, verify.Verifier):
+        raise TypeError(f"verifier must be a specjax rule (sj.verify.*), got {type(verifier).__name__}")
+    return _Plan(drafter, verifier, settings, cache_size(config, prompt_len, settings, drafter.num_nodes))
+
+
+def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int = 64, drafter=None,
+                  verifier=None, temperature: float = 0.0, top_k: int | None = None,
+                  top_p: float | None = None, eos_token_id=None):
     """The decode loop as a pure function `(params, prompts int[B, prompt_len], lengths int[B],
-    key) -> (tokens int32[B, max_new_tokens], num_tokens int32[B])`, for use inside the caller's
-    jit / vmap / sharded pipeline. Prompts are right-padded; lengths[b] >= 1."""
-    settings = _settings(max_new_tokens, temperature, top_k, top_p, eos_token_id)
-    cache_len = cache_size(config, prompt_len, settings)
+    key, drafter=drafter) -> (tokens int32[B, max_new_tokens], num_tokens int32[B])`, for use
+    inside the caller's jit / vmap / sharded pipeline. Prompts are right-padded; lengths[b] >= 1.
+    Pass the drafter as an argument to keep its weights traced rather than baked in."""
+    plan = _plan(config, None, prompt_len, drafter, verifier, max_new_tokens, temperature, top_k,
+                 top_p, eos_token_id)
 
-    def generate_fn(params, prompts, lengths, key):
-        s = decode(Model(params, config), prompts, lengths, key, settings=settings, cache_len=cache_len)
+    def generate_fn(params, prompts, lengths, key, drafter=plan.drafter):
+        s = decode(Model(params, config), drafter, prompts, lengths, key, settings=plan.settings,
+                   verifier=plan.verifier, cache_len=plan.cache_len)
         return s.out, s.num_out
 
     return generate_fn
@@ -197,53 +238,68 @@ def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int =
 def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter=None, verifier=None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              key: jax.Array | None = None, eos_token_id=None) -> GenerateOutput:
-    """Generate up to `max_new_tokens` per prompt; the whole loop is one compiled while_loop."""
-    if drafter is not None or verifier is not None:
-        raise NotImplementedError("speculative decoding (drafter/verifier) is not available yet")
-    settings = _settings(max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    """Generate up to `max_new_tokens` per prompt; the whole loop is one compiled while_loop.
+    `drafter=None` is plain autoregressive decoding; `verifier=None` picks the exact rule that
+    fits the drafter and the temperature."""
     padded, lengths = pad_prompts(prompts, model.config.vocab_size)
-    cache_len = cache_size(model.config, padded.shape[1], settings)
+    plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
+                 temperature, top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
     t0 = time.perf_counter()
-    state = _decode_jit(model, jnp.asarray(padded), jnp.asarray(lengths), key,
-                        settings=settings, cache_len=cache_len)
-    tokens, num, calls = jax.device_get((state.out, state.num_out, state.target_calls))
+    state = _decode_jit(model, plan.drafter, jnp.asarray(padded), jnp.asarray(lengths), key,
+                        settings=plan.settings, verifier=plan.verifier, cache_len=plan.cache_len)
+    tokens, num, calls, hist = jax.device_get((state.out, state.num_out, state.target_calls,
+                                               state.accepted_hist))
     wall = time.perf_counter() - t0
-    return GenerateOutput(np.asarray(tokens), np.asarray(num), _stats(num, calls, wall))
+    return GenerateOutput(np.asarray(tokens), np.asarray(num),
+                          _stats(plan, num, calls, hist, wall))
 
 
-def _stats(num_tokens: np.ndarray, target_calls: np.ndarray, wall: float) -> dict:
+def _stats(plan: _Plan, num_tokens, target_calls, accepted_hist, wall: float) -> dict:
+    """tau = committed tokens per target forward (bonus included, output cut-offs excluded);
+    acceptance_per_depth[d-1] = P(depth d accepted | depth d-1 accepted)."""
+    hist = accepted_hist.sum(0)
+    steps = max(int(hist.sum()), 1)
+    reach = hist[::-1].cumsum()[::-1]  # reach[d] = steps that accepted >= d drafts
+    committed = float((hist * np.arange(len(hist))).sum() + hist.sum())
     return {
-        "tau": float(num_tokens.sum() / max(target_calls.sum(), 1)),
+        "method": plan.drafter.name,
+        "verifier": type(plan.verifier).__name__,
+        "tau": committed / steps,
         "target_calls": int(target_calls.max()),
-        "acceptance_per_depth": [],
+        "acceptance_per_depth": [float(reach[d] / reach[d - 1]) if reach[d - 1] else 0.0
+                                 for d in range(1, len(hist))],
         "new_tokens": int(num_tokens.sum()),
         "wall_time_s": wall,
         "tokens_per_s": float(num_tokens.sum() / wall) if wall > 0 else float("inf"),
     }
 
 
-def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64,
-           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-           key: jax.Array | None = None, eos_token_id=None) -> Iterator[list[int]]:
+def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, drafter=None,
+           verifier=None, temperature: float = 0.0, top_k: int | None = None,
+           top_p: float | None = None, key: jax.Array | None = None,
+           eos_token_id=None) -> Iterator[list[int]]:
     """Yield the new token ids of one prompt as each jitted step produces them (a host loop over
-    the same step `generate` compiles into its while_loop, for CLIs)."""
-    settings = _settings(max_new_tokens, temperature, top_k, top_p, eos_token_id)
+    the same step `generate` compiles into its while_loop, for CLIs). After the loop, the
+    generator's return value (StopIteration.value) is the stats dict."""
     padded, lengths = pad_prompts([list(prompt)], model.config.vocab_size)
-    cache_len = cache_size(model.config, padded.shape[1], settings)
+    plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
+                 temperature, top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
-    state = _prefill_jit(model, jnp.asarray(padded), jnp.asarray(lengths), key,
-                         settings=settings, cache_len=cache_len)
+    t0 = time.perf_counter()
+    state = _prefill_jit(model, plan.drafter, jnp.asarray(padded), jnp.asarray(lengths), key,
+                         settings=plan.settings, cache_len=plan.cache_len)
     emitted = 0
     while True:
-        state = _step_jit(model, state, settings=settings)
+        state = _step_jit(model, plan.drafter, state, settings=plan.settings, verifier=plan.verifier)
         num, done = jax.device_get((state.num_out[0], state.done[0]))
         if num > emitted:
             yield jax.device_get(state.out[0, emitted:num]).tolist()
             emitted = int(num)
         if done:
-            return
+            return _stats(plan, *jax.device_get((state.num_out, state.target_calls, state.accepted_hist)),
+                          time.perf_counter() - t0)
 
 
 _prefill_jit = jax.jit(prefill, static_argnames=("settings", "cache_len"))
-_step_jit = jax.jit(step, static_argnames=("settings",), donate_argnames=("state",))
+_step_jit = jax.jit(step, static_argnames=("settings", "verifier"), donate_argnames=("state",))

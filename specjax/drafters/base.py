@@ -1,0 +1,110 @@
+"""The drafter protocol, the context the engine hands a drafter, and the empty drafter (AR).
+
+A drafter is a frozen dataclass registered as a pytree: its settings are static metadata and
+its arrays (a draft model's params, head weights) are pytree leaves, so it is passed to `jit`
+as an ordinary argument. Its three pure functions, optax-style:
+
+    state = drafter.init(target, prompts, lengths, cache_len)      # after the target's prefill
+    tree, state = drafter.propose(state, ctx, key)                   # tree.tokens[:, 0] = root
+    state = drafter.update(state, ctx, tree, verdict, target_out)   # after verify and commit
+
+`propose` returns the state too, because proposing may write a draft model's KV cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import verify
+from specjax.models import ForwardOutput, Model
+from specjax.sampling import SamplingParams
+from specjax.tree import DraftTree, Verdict
+
+
+class Context(NamedTuple):
+    """What the engine knows when a step starts.
+
+    tokens: int32[B, S], each row's committed tokens (prompt, then generated), padded with 0;
+    length: int32[B], committed tokens per row; the root (not yet in the target's cache) is
+      tokens[b, length[b] - 1];
+    sampling: the static SamplingParams, which drafters apply to their own logits too.
+    """
+
+    tokens: jax.Array
+    length: jax.Array
+    sampling: SamplingParams
+
+    @property
+    def root(self) -> jax.Array:
+        return jnp.take_along_axis(self.tokens, (self.length - 1)[:, None], axis=1)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafter:
+    """Base class. Subclasses set `num_nodes` and `max_depth` (static) and the three functions."""
+
+    name = "drafter"
+
+    @property
+    def num_nodes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def max_depth(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        """Decoder layers whose outputs `update` reads from the target (heads use them)."""
+        return ()
+
+    def default_verifier(self, sampling: SamplingParams) -> verify.Verifier:
+        """The exact rule that fits this drafter's trees at these sampling settings."""
+        return verify.Greedy() if sampling.greedy else verify.TopK()
+
+    def check(self, target: Model) -> None:
+        """Raise a clear error if this drafter cannot serve `target` (host-side, before jit)."""
+
+    def init(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int) -> Any:
+        return ()
+
+    def propose(self, state, ctx: Context, key: jax.Array) -> tuple[DraftTree, Any]:
+        raise NotImplementedError
+
+    def update(self, state, ctx: Context, tree: DraftTree, verdict: Verdict,
+               target_out: ForwardOutput) -> Any:
+        return state
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NoDrafter(Drafter):
+    """Plain autoregressive decoding: the tree is the root alone."""
+
+    name = "ar"
+    num_nodes = 1
+    max_depth = 0
+
+    def propose(self, state, ctx, key):
+        return DraftTree.build(ctx.root[:, None], np.array([-1], np.int32), max_depth=0), state
+
+
+def static_tree(parents: list[int] | np.ndarray) -> np.ndarray:
+    """Validate a static template of parent indices (root first, parents[i] < i)."""
+    parents = np.asarray(parents, np.int32)
+    if parents.ndim != 1 or parents[0] != -1 or np.any(parents[1:] >= np.arange(1, len(parents))) \
+            or np.any(parents[1:] < 0):
+        raise ValueError(f"a tree template needs parents[0] = -1 and 0 <= parents[i] < i, got {parents}")
+    return parents
+
+
+def template_depth(parents: np.ndarray) -> np.ndarray:
+    depth = np.zeros(len(parents), np.int32)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    return depth
