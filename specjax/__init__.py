@@ -5,10 +5,11 @@
     out = sj.generate(model, [[1, 2, 3]], max_new_tokens=32)
 """
 
-from specjax import sampling
+from specjax import drafters, sampling, verify
 from specjax.convert import load, save
 from specjax.engine import GenerateOutput, generate, make_generate, stream
 from specjax.models import KVCache, Model, ModelConfig
+from specjax.tree import DraftTree, Verdict
 from specjax.models import forward as _forward
 
 __version__ = "0.1.0"
@@ -20,4 +21,4 @@ def forward(model: Model, tokens):
 
 
 __all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "save", "forward",
-           "generate", "make_generate", "stream", "sampling"]
+           "generate", "make_generate", "stream", "sampling", "drafters", "verify", "DraftTree", "Verdict"]
