@@ -1,5 +1,7 @@
-"""Pallas kernels used by specjax; each op folder has reference.py (pure JAX, the definition)."""
+"""Pallas kernels used by specjax. Each op folder has reference.py (pure JAX, the definition),
+gpu.py and tpu.py (the kernels) and api.py (picks one for the backend)."""
 
+from pallas_kernels.quant_matmul import QuantizedWeight, dequantize, quantize, quantized_matmul
 from pallas_kernels.tree_attention import tree_attention
 
-__all__ = ["tree_attention"]
+__all__ = ["QuantizedWeight", "dequantize", "quantize", "quantized_matmul", "tree_attention"]

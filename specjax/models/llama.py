@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import QuantizedWeight, quantized_matmul
 from pallas_kernels.tree_attention import tree_attention
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -79,9 +80,14 @@ def rms_norm(x, w, eps):
     return (w.astype(jnp.float32) * x32).astype(x.dtype)
 
 
-def dense(x, w):
-    """x [..., K] @ w [K, N], accumulated in float32, returned in x's dtype."""
-    return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+def dense(x, w, out_dtype=None):
+    """x [..., K] @ w [K, N], accumulated in float32, returned in `out_dtype` (default x's
+    dtype). A QuantizedWeight w runs the quantized-matmul kernel on x as [M, K]."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if isinstance(w, QuantizedWeight):
+        y = quantized_matmul(x.reshape(-1, x.shape[-1]), w, out_dtype=out_dtype)
+        return y.reshape(*x.shape[:-1], w.out_features)
+    return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> jax.Array:
@@ -192,5 +198,6 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
 def lm_head(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Final-normed hidden [..., E] -> float32 logits [..., V]."""
     w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    return jnp.einsum("...e,ev->...v", hidden, w.astype(hidden.dtype),
-                      preferred_element_type=jnp.float32)
+    if not isinstance(w, QuantizedWeight):
+        w = w.astype(hidden.dtype)
+    return dense(hidden, w, out_dtype=jnp.float32)

@@ -1,0 +1,95 @@
+"""QuantizedWeight: a symmetric, group-wise int8 / int4 matmul weight, and its (de)quantizer.
+
+Layout of a [K, N] weight with P = 8 // bits values per byte (P = 1 for int8, 2 for int4):
+the K rows are cut into P planes of K / P rows; byte (r, n) of `data` holds plane p's row r in
+bits [4p, 4p + 4) (int4) or whole (int8), so plane p is rows [p K/P, (p+1) K/P) of the weight.
+Each plane is cut into groups of `group_size` rows sharing one scale per column:
+    w[p K/P + r, n] ~= q[p, r, n] * scales[p, r // group_size, n].
+Keeping the planes apart (rather than interleaving neighbouring rows in a byte) lets a kernel
+unpack with a shift and a mask and multiply each plane by a contiguous slice of x.
+
+Leaves may carry leading axes (a stack of layers): data [..., K/P, N], scales [..., P, K/(P g), N].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+BITS = (8, 4)
+GROUP_SIZES = (32, 64, 128)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    """A quantized [K, N] weight: int8 `data` [..., K/P, N], float32 `scales`
+    [..., P, K/(P*group_size), N]; `bits`, `group_size`, `in_features` (K) and
+    `out_features` (N) are static."""
+
+    data: jax.Array
+    scales: jax.Array
+    bits: int = dataclasses.field(metadata=dict(static=True))
+    group_size: int = dataclasses.field(metadata=dict(static=True))
+    in_features: int = dataclasses.field(metadata=dict(static=True))
+    out_features: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def pack(self) -> int:
+        """Values per byte: 1 (int8) or 2 (int4)."""
+        return 8 // self.bits
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical shape [..., K, N] of the weight."""
+        return (*self.data.shape[:-2], self.in_features, self.out_features)
+
+
+def _check_format(bits: int, group_size: int, k: int):
+    if bits not in BITS:
+        raise ValueError(f"bits must be 8 or 4, got {bits}")
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+    pack = 8 // bits
+    if k % (pack * group_size):
+        raise ValueError(f"K = {k} must be divisible by {pack * group_size} "
+                         f"({pack} plane(s) of groups of {group_size}) for int{bits}")
+
+
+def unpack(data, bits: int):
+    """int8 data [..., K/P, N] -> the P planes [..., K/P, N]: (data,) for int8, two int32
+    planes of values in [-8, 8) for int4."""
+    if bits == 8:
+        return (data,)
+    d = data.astype(jnp.int32)
+    return (d << 28) >> 28, d >> 4  # arithmetic shifts sign-extend each nibble
+
+
+@functools.partial(jax.jit, static_argnames=("bits", "group_size"))
+def quantize(w, bits: int = 8, group_size: int = 128) -> QuantizedWeight:
+    """Symmetric group-wise quantization of w [..., K, N] along K (max-abs scale per group and
+    column, round to nearest, values in [-(2^(b-1)-1), 2^(b-1)-1])."""
+    *lead, k, n = w.shape
+    _check_format(bits, group_size, k)
+    pack = 8 // bits
+    qmax = 2 ** (bits - 1) - 1
+    groups = w.astype(jnp.float32).reshape(*lead, pack, k // (pack * group_size), group_size, n)
+    scales = jnp.max(jnp.abs(groups), axis=-2) / qmax  # [..., P, K/(P g), N]
+    safe = jnp.where(scales == 0, 1.0, scales)
+    q = jnp.clip(jnp.round(groups / safe[..., None, :]), -qmax, qmax).astype(jnp.int32)
+    q = q.reshape(*lead, pack, k // pack, n)
+    data = q[..., 0, :, :] if bits == 8 else (q[..., 0, :, :] & 0xF) | (q[..., 1, :, :] << 4)
+    return QuantizedWeight(data.astype(jnp.int8), scales, bits, group_size, k, n)
+
+
+@jax.jit
+def dequantize(qw: QuantizedWeight):
+    """QuantizedWeight -> float32 [..., K, N]."""
+    planes = jnp.stack(unpack(qw.data, qw.bits), axis=-3)  # [..., P, K/P, N]
+    *lead, pack, rows, n = planes.shape
+    g = qw.group_size
+    w = planes.reshape(*lead, pack, rows // g, g, n).astype(jnp.float32) * qw.scales[..., None, :]
+    return w.reshape(*lead, qw.in_features, n)

@@ -1,0 +1,36 @@
+"""tree_attention: the kernel for the backend, or the reference where no kernel applies."""
+
+from __future__ import annotations
+
+from pallas_kernels.backend import pick_impl
+from pallas_kernels.tree_attention import gpu, reference, tpu
+
+MAX_KERNEL_NODES = 256  # longer blocks (prefill) are not tree verification: XLA does them well
+
+
+def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
+                   q_positions=None, window=None, interpret=False, impl: str | None = None):
+    """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,N,KV,hd],
+    tree_mask bool[B,N,N] -> [B,N,Hq,hd] in q's dtype (contract: reference.tree_attention).
+
+    Runs the GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
+    `interpret`); the reference runs on CPU, with a sliding `window`, with an empty cache and
+    for more than MAX_KERNEL_NODES nodes.
+    """
+    b, n, hq, hd = q.shape
+    s, kv = k_cache.shape[1], k_cache.shape[2]
+    if hq % kv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({kv})")
+    if k_tree.shape != (b, n, kv, hd) or tree_mask.shape != (b, n, n):
+        raise ValueError(f"k_tree must be {(b, n, kv, hd)} and tree_mask {(b, n, n)}, got "
+                         f"{k_tree.shape} and {tree_mask.shape}")
+    impl = pick_impl(impl, interpret)
+    fallback = window is not None or s == 0 or n > MAX_KERNEL_NODES
+    if impl == "gpu" and not fallback and gpu.supports(q, k_cache):
+        return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
+                                  interpret=interpret)
+    if impl == "tpu" and not fallback:
+        return tpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
+                                  interpret=interpret)
+    return reference.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
+                                    q_positions=q_positions, window=window)

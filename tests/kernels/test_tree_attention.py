@@ -1,0 +1,124 @@
+"""Tree-attention kernels against the reference (modes: see modes.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+
+import pallas_kernels
+from pallas_kernels.tree_attention import gpu, reference, tpu
+from tests.kernels.modes import ON_ACCELERATOR, interpret_for, races_found
+
+_reference_jit = jax.jit(reference.tree_attention, static_argnames="window")
+
+
+def reference_tree_attention(*args, **kwargs):
+    """The reference at full float32 matmul precision (XLA may pick TF32 on GPUs)."""
+    with jax.default_matmul_precision("float32"):
+        return _reference_jit(*args, **kwargs)
+
+
+def random_tree_mask(rng, batch, n):
+    """Ancestor-or-self masks bool[B,N,N] of random trees (parents[i] < i, node 0 the root)."""
+    masks = np.zeros((batch, n, n), bool)
+    for b in range(batch):
+        for i in range(n):
+            masks[b, i, i] = True
+            if i:
+                masks[b, i] |= masks[b, rng.integers(0, i)]
+    return masks
+
+
+def make_inputs(*, n, hq, kv, hd, s, lengths, dtype, seed=0):
+    """Random inputs (built in numpy: no per-op compiles); the kernel's copy of the cache holds
+    NaN in every slot at or past a row's length."""
+    b = len(lengths)
+    rng = np.random.default_rng(seed)
+    rand = lambda *shape: rng.standard_normal(shape, np.float32).astype(dtype)
+    q = rand(b, n, hq, hd)
+    k_cache, v_cache = rand(b, s, kv, hd), rand(b, s, kv, hd)
+    k_tree, v_tree = rand(b, n, kv, hd), rand(b, n, kv, hd)
+    lengths = np.asarray(lengths, np.int32)
+    mask = random_tree_mask(rng, b, n)
+    stale = np.arange(s)[None, :, None, None] >= lengths[:, None, None, None]
+    poison = lambda x: np.where(stale, np.nan, x).astype(dtype)
+    clean = (q, k_cache, v_cache, lengths, k_tree, v_tree, mask)
+    poisoned = (q, poison(k_cache), poison(v_cache), lengths, k_tree, v_tree, mask)
+    return [jnp.asarray(x) for x in clean], [jnp.asarray(x) for x in poisoned]
+
+
+# (nodes, query heads, kv heads, head_dim, cache slots, lengths, dtype): single-token and
+# 64-node trees, GQA ratios 1 / 4 / 8, head_dim 64 / 128, lengths that are not multiples of
+# the blocks, an empty prefix and a full cache.
+CASES = {
+    "n1-g1-hd64": (1, 2, 2, 64, 300, (0, 300), jnp.float32),
+    "n64-g4-hd128-bf16": (64, 8, 2, 128, 300, (37, 250), jnp.bfloat16),
+    "n64-g8-hd64": (64, 8, 1, 64, 200, (129, 1), jnp.float32),
+}
+TOL = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
+KERNELS = {  # mode -> (kernel, block options that make several blocks / splits at these sizes)
+    "gpu": (gpu.tree_attention, dict(block_k=64, num_splits=3)),
+    "tpu": (tpu.tree_attention, dict(block_k=128)),
+    "tpu-interpret": (tpu.tree_attention, dict(block_k=128)),
+}
+GRID = [("gpu", c) for c in CASES] + [("tpu", "n64-g4-hd128-bf16")] + [
+    ("tpu-interpret", c) for c in CASES]
+
+
+@pytest.mark.parametrize("mode,case", GRID)
+def test_kernel_matches_reference(mode, case):
+    n, hq, kv, hd, s, lengths, dtype = CASES[case]
+    interpret = interpret_for(mode)
+    kernel, options = KERNELS[mode]
+    clean, poisoned = make_inputs(n=n, hq=hq, kv=kv, hd=hd, s=s, lengths=lengths, dtype=dtype)
+    out = kernel(*poisoned, **options, interpret=interpret)
+    expected = reference_tree_attention(*clean)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    assert not np.isnan(np.asarray(out, np.float32)).any()
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(expected, np.float32),
+                               atol=TOL[dtype], rtol=TOL[dtype])
+    if mode == "tpu-interpret":
+        assert races_found() is not True
+
+
+def test_interpret_mode_poisons_unwritten_output():
+    """The NaN checks above can fail: in HLO interpret mode an output block a kernel never
+    writes reads as NaN. (TPU interpret mode reuses the output VMEM buffer across grid steps,
+    so there only the first unwritten block would be NaN, as on hardware.)"""
+    if ON_ACCELERATOR:
+        pytest.skip("interpret-mode property")
+
+    def kernel(x_ref, o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = x_ref[...]
+
+    out = pl.pallas_call(kernel, grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                         out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+                         interpret=True)(jnp.ones((16, 128), jnp.float32))
+    assert not np.isnan(np.asarray(out[:8])).any() and np.isnan(np.asarray(out[8:])).all()
+
+
+def test_api_picks_reference_on_cpu_and_for_windows():
+    clean, _ = make_inputs(n=4, hq=4, kv=2, hd=16, s=24, lengths=(5, 24), dtype=jnp.float32)
+    positions = clean[3][:, None] + jnp.arange(4)[None, :]
+    api = jax.jit(pallas_kernels.tree_attention, static_argnames=("window", "interpret"))
+    with jax.default_matmul_precision("float32"):
+        windowed = api(*clean, q_positions=positions, window=6, interpret=True)
+    np.testing.assert_array_equal(windowed, reference_tree_attention(
+        *clean, q_positions=positions, window=6))
+    if not ON_ACCELERATOR:
+        np.testing.assert_array_equal(api(*clean), reference_tree_attention(*clean))
+
+
+def test_api_rejects_bad_shapes():
+    clean, _ = make_inputs(n=4, hq=3, kv=2, hd=16, s=24, lengths=(5, 24), dtype=jnp.float32)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        pallas_kernels.tree_attention(*clean)
+    clean, _ = make_inputs(n=4, hq=4, kv=2, hd=16, s=24, lengths=(5, 24), dtype=jnp.float32)
+    with pytest.raises(ValueError, match="tree_mask"):
+        pallas_kernels.tree_attention(*clean[:6], clean[6][:, :3])
