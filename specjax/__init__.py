@@ -8,7 +8,9 @@
 from specjax import drafters, sampling, verify
 from specjax.convert import load, save
 from specjax.engine import GenerateOutput, generate, make_generate, stream
+from pallas_kernels import QuantizedWeight
 from specjax.models import KVCache, Model, ModelConfig
+from specjax.quantize import quantize
 from specjax.tree import DraftTree, Verdict
 from specjax.models import forward as _forward
 
@@ -21,4 +23,5 @@ def forward(model: Model, tokens):
 
 
 __all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "save", "forward",
-           "generate", "make_generate", "stream", "sampling", "drafters", "verify", "DraftTree", "Verdict"]
+           "generate", "make_generate", "stream", "sampling", "drafters", "verify", "DraftTree", "Verdict", "quantize",
+           "QuantizedWeight"]

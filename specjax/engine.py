@@ -259,13 +259,15 @@ def _stats(plan: _Plan, num_tokens, target_calls, accepted_hist, wall: float) ->
     """tau = committed tokens per target forward (bonus included, output cut-offs excluded);
     acceptance_per_depth[d-1] = P(depth d accepted | depth d-1 accepted)."""
     hist = accepted_hist.sum(0)
-    steps = max(int(hist.sum()), 1)
+    steps = int(hist.sum())
     reach = hist[::-1].cumsum()[::-1]  # reach[d] = steps that accepted >= d drafts
     committed = float((hist * np.arange(len(hist))).sum() + hist.sum())
     return {
         "method": plan.drafter.name,
         "verifier": type(plan.verifier).__name__,
-        "tau": committed / steps,
+        "tau": committed / max(steps, 1),
+        "steps": steps,
+        "committed_tokens": int(committed),
         "target_calls": int(target_calls.max()),
         "acceptance_per_depth": [float(reach[d] / reach[d - 1]) if reach[d - 1] else 0.0
                                  for d in range(1, len(hist))],

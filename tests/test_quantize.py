@@ -67,3 +67,18 @@ def test_bad_requests_get_clear_errors(model):
         quantize(model, "int8", group_size=128)
     with pytest.raises(ValueError, match="already quantized"):
         quantize(quantize(model, "int8", 32), "int8", 32)
+
+
+def test_quantized_model_saves_loads_and_generates(tmp_path):
+    import specjax as sj
+    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=128)
+    model = sj.quantize(Model.init(config, jax.random.key(0)), "int4", group_size=32)
+    sj.save(model, tmp_path / "q")
+    again = sj.load(tmp_path / "q")
+    assert isinstance(again.params["layers"]["wq"], sj.QuantizedWeight)
+    jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
+    want = sj.generate(model, [[1, 2, 3]], max_new_tokens=6).tokens
+    np.testing.assert_array_equal(sj.generate(again, [[1, 2, 3]], max_new_tokens=6).tokens, want)
+    with pytest.raises(ValueError, match="quantized model in HF format"):
+        sj.save(model, tmp_path / "hf", format="hf")

@@ -10,7 +10,8 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from specjax.models import Model, ModelConfig, RopeScaling
+from pallas_kernels import QuantizedWeight
+from specjax.models import Model, ModelConfig, RopeScaling, init_params
 
 CONFIG_FILE = "specjax_config.json"
 FORMAT_VERSION = 1
@@ -26,7 +27,8 @@ def save_checkpoint(model: Model, path: str | os.PathLike) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckpt:
         ckpt.save(folder / "params", model.params, force=True)
-    meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(model.config)}
+    meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(model.config),
+            "quantization": _quantization(model.params)}
     with open(folder / CONFIG_FILE, "w") as f:
         json.dump(meta, f, indent=2)
 
@@ -43,5 +45,27 @@ def load_checkpoint(path: str | os.PathLike) -> Model:
         cfg["rope_scaling"] = RopeScaling(**cfg["rope_scaling"])
     config = ModelConfig(**cfg)
     with ocp.StandardCheckpointer() as ckpt:
-        params = ckpt.restore(folder / "params")
-    return Model(jax.tree.map(lambda x: x, params), config)
+        params = ckpt.restore(folder / "params", _abstract_params(config, meta.get("quantization")))
+    return Model(params, config)
+
+
+def _quantization(params) -> dict | None:
+    """{"mode": "int8"|"int4", "group_size": g} of a quantized params tree, else None."""
+    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, QuantizedWeight))
+    quantized = [w for w in leaves if isinstance(w, QuantizedWeight)]
+    if not quantized:
+        return None
+    return {"mode": f"int{quantized[0].bits}", "group_size": quantized[0].group_size}
+
+
+def _abstract_params(config: ModelConfig, quantization: dict | None):
+    """The structure, shapes and dtypes to restore into (quantized weights keep their class)."""
+    from specjax.quantize import quantize
+
+    def build():
+        model = Model(init_params(config, jax.random.key(0)), config)
+        if quantization:
+            model = quantize(model, quantization["mode"], quantization["group_size"])
+        return model.params
+
+    return jax.eval_shape(build)

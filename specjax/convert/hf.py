@@ -12,6 +12,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.flax import save_file
 
+from pallas_kernels import QuantizedWeight
 from specjax.models import Model, ModelConfig, param_shapes
 
 # HF per-layer name -> (specjax name, transpose). Linear weights are torch [out, in]; ours [in, out].
@@ -123,7 +124,7 @@ def _hf_top_name(name):
 def save_hf(model: Model, path: str | os.PathLike) -> None:
     """Write an HF folder (config.json + model.safetensors) that transformers loads."""
     config, params = model.config, model.params
-    if any(not hasattr(w, "shape") for w in params["layers"].values()):
+    if any(isinstance(w, QuantizedWeight) for w in [*params["layers"].values(), params.get("lm_head")]):
         raise ValueError("cannot write a quantized model in HF format; save it with format='specjax'")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)

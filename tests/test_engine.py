@@ -1,0 +1,174 @@
+"""The speculative engine: greedy equality for every drafter, sampling exactness for every
+(drafter, exact verifier) pair, and the invariants of the stats."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+import specjax as sj
+from specjax.drafters import DraftModel, PromptLookup
+from specjax.models import init_params
+from specjax.sampling import SamplingParams, probs
+
+RAGGED = [[5, 17, 33, 9, 60, 5, 17, 33], [40, 3], [8, 8, 50, 14, 22, 8, 8], [11]]
+
+
+def _config(vocab, max_pos=256):
+    return sj.ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                          max_position_embeddings=max_pos)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sj.Model.init(_config(64), jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def near_draft(target):
+    """The target with noise on its weights: agrees often, not always."""
+    leaves, tree = jax.tree.flatten(target.params)
+    keys = jax.random.split(jax.random.key(7), len(leaves))
+    noisy = [w + 0.3 * jnp.std(w) * jax.random.normal(k, w.shape) for w, k in zip(leaves, keys)]
+    return sj.Model(jax.tree.unflatten(tree, noisy), target.config)
+
+
+def drafters(draft):
+    return {
+        "chain": DraftModel(draft, mode="chain", k=3),
+        "iid": DraftModel(draft, mode="iid", k=3, depth=2),
+        "gumbel": DraftModel(draft, mode="gumbel", branching=(3, 2)),
+        "beam": DraftModel(draft, mode="beam", width=3, depth=2),
+        "topk": DraftModel(draft, mode="topk", template=(-1, 0, 0, 1, 1, 2, 3)),
+        "prompt-lookup": PromptLookup(max_ngram=2, num_tokens=4),
+    }
+
+
+@pytest.mark.parametrize("name", list(drafters(None)))
+def test_greedy_equals_autoregressive(name, target, near_draft):
+    drafter = drafters(near_draft)[name]
+    for prompts in (RAGGED[:1], RAGGED):
+        want = sj.generate(target, prompts, max_new_tokens=24)
+        got = sj.generate(target, prompts, max_new_tokens=24, drafter=drafter)
+        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=name)
+        assert got.stats["target_calls"] <= want.stats["target_calls"]
+    assert got.stats["tau"] > 1.1, (name, got.stats)  # drafts were accepted, not just corrected
+
+
+def test_self_draft_accepts_everything(target):
+    for temperature in (0.0, 1.0):
+        out = sj.generate(target, RAGGED, max_new_tokens=20, temperature=temperature,
+                          drafter=DraftModel(target, mode="chain", k=4))
+        assert out.stats["tau"] == pytest.approx(5.0)
+        assert out.stats["acceptance_per_depth"] == [1.0] * 4
+
+
+def test_stats_are_consistent(target, near_draft):
+    out = sj.generate(target, RAGGED, max_new_tokens=21, drafter=DraftModel(near_draft, k=3))
+    s = out.stats
+    assert s["committed_tokens"] == pytest.approx(s["tau"] * s["steps"])
+    assert out.num_tokens.sum() == s["new_tokens"] == 4 * 21
+    # every step commits accepted + 1 tokens; the last step of a row may overshoot the limit
+    assert 4 * 21 <= s["committed_tokens"] <= 4 * 21 + 4 * 3
+
+
+def test_bad_drafter_pairings_fail_clearly(target):
+    other = sj.Model.init(_config(32), jax.random.key(1))
+    with pytest.raises(ValueError, match=r"draft vocabulary \(32\) differs from the target's \(64\)"):
+        sj.generate(target, [[1, 2]], drafter=DraftModel(other))
+    with pytest.raises(ValueError, match="needs the draft distributions"):
+        sj.generate(target, [[1, 2]], temperature=1.0, drafter=PromptLookup(),
+                    verifier=sj.verify.SpeculativeSampling())
+    with pytest.raises(ValueError, match="unknown DraftModel mode"):
+        DraftModel(target, mode="bogus")
+
+
+# ---- sampling exactness -------------------------------------------------------------------------
+
+V = 6
+PROMPT = [1, 4, 2]
+SAMPLES = 24_000
+
+
+@pytest.fixture(scope="module")
+def sharp_pair():
+    """A target and a different draft with a tiny vocabulary and peaked distributions."""
+    cfg = _config(V, max_pos=32)
+    t = sj.Model(init_params(cfg, jax.random.key(3), std=0.6), cfg)
+    d = sj.Model(init_params(cfg, jax.random.key(4), std=0.6), cfg)
+    return t, d
+
+
+def _exact_joint(target, params: SamplingParams, n=2):
+    """P(first n new tokens) by enumeration with sj.forward."""
+    joint = np.ones([V] * 0)
+    seqs = [()]
+    table = {}
+    for depth in range(n):
+        batch = jnp.array([PROMPT + list(s) for s in seqs])
+        p = np.asarray(probs(sj.forward(target, batch)[:, -1], params), np.float64)
+        for s, row in zip(seqs, p):
+            table[s] = row
+        seqs = [s + (x,) for s in seqs for x in range(V)]
+    joint = np.array([np.prod([table[s[:i]][s[i]] for i in range(n)]) for s in seqs])
+    return joint / joint.sum()
+
+
+def _sampled_joint(target, drafter, verifier, params, n=2, calls=4):
+    counts = np.zeros(V ** n)
+    per_call = SAMPLES // calls
+    for c in range(calls):
+        out = sj.generate(target, np.tile(PROMPT, (per_call, 1)), max_new_tokens=n, drafter=drafter,
+                          verifier=verifier, temperature=params.temperature, top_k=params.top_k,
+                          top_p=params.top_p, key=jax.random.key(100 + c))
+        idx = np.ravel_multi_index(out.tokens.T, [V] * n)
+        counts += np.bincount(idx, minlength=V ** n)
+    return counts
+
+
+def _chi_square_pvalue(counts, p):
+    keep = p * counts.sum() >= 5  # pool cells with tiny expectations
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(p[keep], p[~keep].sum()) * counts.sum()
+    if exp[-1] == 0:
+        assert obs[-1] == 0, "tokens of zero probability were emitted"
+        obs, exp = obs[:-1], exp[:-1]
+    return scipy_stats.chisquare(obs, exp).pvalue
+
+
+EXACT_PAIRS = {
+    "ar": (lambda d: None, None),
+    "chain/speculative-sampling": (lambda d: DraftModel(d, mode="chain", k=2), sj.verify.SpeculativeSampling()),
+    "chain/specinfer": (lambda d: DraftModel(d, mode="chain", k=2), sj.verify.SpecInfer()),
+    "iid/spectr": (lambda d: DraftModel(d, mode="iid", k=3, depth=2), sj.verify.SpecTr()),
+    "iid/specinfer": (lambda d: DraftModel(d, mode="iid", k=3, depth=2), sj.verify.SpecInfer()),
+    "gumbel/rsd": (lambda d: DraftModel(d, mode="gumbel", branching=(3, 2)), sj.verify.RSD()),
+    "beam/rsd": (lambda d: DraftModel(d, mode="beam", width=3, depth=2), sj.verify.RSD()),
+    "topk/topk": (lambda d: DraftModel(d, mode="topk", template=(-1, 0, 0, 1, 2)), sj.verify.TopK()),
+    "prompt-lookup/topk": (lambda d: PromptLookup(max_ngram=1, num_tokens=2), sj.verify.TopK()),
+}
+
+
+@pytest.mark.parametrize("name", list(EXACT_PAIRS))
+def test_sampling_keeps_the_autoregressive_law(name, sharp_pair):
+    target, draft = sharp_pair
+    make, verifier = EXACT_PAIRS[name]
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    counts = _sampled_joint(target, make(draft), verifier, params)
+    assert _chi_square_pvalue(counts, _exact_joint(target, params)) > 1e-4, name
+
+
+def test_a_wrong_pairing_is_detected(sharp_pair):
+    """Negative control: SpecInfer on siblings drawn without replacement is not exact, and the
+    test above has the power to see it."""
+    target, draft = sharp_pair
+    params = SamplingParams(temperature=1.0)
+    counts = _sampled_joint(target, DraftModel(draft, mode="gumbel", branching=(4, 1)), sj.verify.SpecInfer(),
+                            params)
+    assert _chi_square_pvalue(counts, _exact_joint(target, params)) < 1e-6
