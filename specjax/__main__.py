@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-DRAFTERS = ("none",)  # speculative drafters join this list as they land
+DEFAULT_DRAFTER = "recycling"
 
 
 class UsageError(Exception):
@@ -26,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--drafter", default="none", help=f"one of: {', '.join(DRAFTERS)}")
+    g.add_argument("--drafter", default=DEFAULT_DRAFTER,
+                   help="ar, draft-chain, draft-iid, draft-gumbel, draft-beam, draft-topk, "
+                        f"prompt-lookup, lookahead, recycling (default: {DEFAULT_DRAFTER})")
 
     c = sub.add_parser("convert", help="convert an HF folder to a specjax checkpoint (or back)")
     c.add_argument("src", help="HF folder or specjax checkpoint")
@@ -55,8 +57,10 @@ def cmd_generate(args) -> None:
     from specjax.convert import resolve
     from specjax.sampling import SamplingParams
 
-    if args.drafter not in DRAFTERS:
-        raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(DRAFTERS)}")
+    from specjax.drafters.named import NAMED, named_drafter
+
+    if args.drafter not in NAMED:
+        raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(NAMED)}")
     try:
         SamplingParams(args.temperature, args.top_k, args.top_p)
         if args.max_new_tokens < 1:
@@ -72,17 +76,27 @@ def cmd_generate(args) -> None:
     ids = tokenizer.encode(args.prompt).ids
     if not ids:
         raise UsageError("--prompt is empty after tokenization")
+    try:
+        drafter = named_drafter(args.drafter, model)
+        steps = sj.stream(model, ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
+                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          key=jax.random.key(args.seed), eos_token_id=model.config.eos_token_id)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
     print(args.prompt, end="", flush=True)
     t0, new = time.perf_counter(), []
-    for chunk in sj.stream(model, ids, max_new_tokens=args.max_new_tokens,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           key=jax.random.key(args.seed), eos_token_id=model.config.eos_token_id):
+    while True:
+        try:
+            chunk = next(steps)
+        except StopIteration as stop:
+            stats = stop.value
+            break
         before = tokenizer.decode(ids + new)
         new += chunk
         print(tokenizer.decode(ids + new)[len(before):], end="", flush=True)
     wall = time.perf_counter() - t0
-    print(f"\n[{len(new)} new tokens, {len(new) / wall:.1f} tokens/s, tau 1.00, method ar]",
-          file=sys.stderr)
+    print(f"\n[{len(new)} new tokens, {len(new) / wall:.1f} tokens/s (compilation included), "
+          f"tau {stats['tau']:.2f}, method {args.drafter}, verifier {stats['verifier']}]", file=sys.stderr)
 
 
 def cmd_convert(args) -> None:

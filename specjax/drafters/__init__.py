@@ -2,6 +2,8 @@
 
 from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.recycling import TokenRecycling
 
-__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "PromptLookup"]
+__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "Lookahead", "PromptLookup", "TokenRecycling"]
