@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("out")
     c.add_argument("--format", choices=("specjax", "hf"), default="specjax")
     c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on held-out code")
+    bn.add_argument("--model", default="tiny")
+    bn.add_argument("--methods", nargs="+", default=None, help="drafter names (default: all)")
+    bn.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' (or Spec-Bench 'turns') field")
+    bn.add_argument("--batch", type=int, nargs="+", default=[1])
+    bn.add_argument("--max-new-tokens", type=int, default=128)
+    bn.add_argument("--repeats", type=int, default=3)
+    bn.add_argument("--num-prompts", type=int, default=8)
+    bn.add_argument("--out", default="runs/bench")
+    bn.add_argument("--quick", action="store_true", help="2 prompts, 16 new tokens, 1 repeat")
     return ap
 
 
@@ -111,10 +122,33 @@ def cmd_convert(args) -> None:
           f"({model.config.model_type}, {model.config.num_params / 1e6:.2f}M parameters)")
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def cmd_bench(args) -> None:
+    import shlex
+
+    from specjax.bench.harness import BenchConfig, markdown, run, write
+    from specjax.drafters.named import NAMED
+
+    cfg = BenchConfig(model=args.model, methods=tuple(args.methods or NAMED), batches=tuple(args.batch),
+                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                      repeats=args.repeats, prompts_file=args.prompts)
+    if args.quick:
+        cfg = dataclasses.replace(cfg, num_prompts=2, max_new_tokens=16, repeats=1)
     try:
-        {"generate": cmd_generate, "convert": cmd_convert}[args.command](args)
+        rows = run(cfg)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    command = "python -m specjax " + shlex.join(args.argv)
+    write(rows, cfg, Path(args.out), command)
+    print(markdown(rows))
+    print(f"\nwrote {args.out}/results.json, results.md, chart.png")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser().parse_args(argv)
+    args.argv = argv
+    try:
+        {"generate": cmd_generate, "convert": cmd_convert, "bench": cmd_bench}[args.command](args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 import specjax as sj
-from specjax.drafters import DraftModel, PromptLookup
+from specjax.drafters import DraftModel, Lookahead, PromptLookup, TokenRecycling
 from specjax.models import init_params
 from specjax.sampling import SamplingParams, probs
 
@@ -152,6 +152,8 @@ EXACT_PAIRS = {
     "beam/rsd": (lambda d: DraftModel(d, mode="beam", width=3, depth=2), sj.verify.RSD()),
     "topk/topk": (lambda d: DraftModel(d, mode="topk", template=(-1, 0, 0, 1, 2)), sj.verify.TopK()),
     "prompt-lookup/topk": (lambda d: PromptLookup(max_ngram=1, num_tokens=2), sj.verify.TopK()),
+    "lookahead/topk": (lambda d: Lookahead(decoding_length=6, branch_length=2, max_nodes=64), sj.verify.TopK()),
+    "recycling/topk": (lambda d: TokenRecycling(topk=3, template=(-1, 0, 0, 0, 1, 2)), sj.verify.TopK()),
 }
 
 
