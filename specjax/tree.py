@@ -13,6 +13,7 @@ Python int, because it fixes the width of `Verdict.path`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import NamedTuple
 
@@ -35,7 +36,7 @@ class Verdict(NamedTuple):
     num_accepted: jax.Array
     next_token: jax.Array
 
-    def emitted(self, tree: "DraftTree") -> jax.Array:
+    def emitted(self, tree: DraftTree) -> jax.Array:
         """int32[B, D+1]: the accepted draft tokens, then `next_token`, then -1 padding."""
         drafted = jnp.take_along_axis(tree.tokens, self.path[:, 1:], axis=1)
         drafted = jnp.pad(drafted, ((0, 0), (0, 1)), constant_values=-1)
@@ -69,7 +70,7 @@ class DraftTree:
     ancestors: jax.Array
     paths: jax.Array
     q: jax.Array | None
-    max_depth: int = dataclasses.field(metadata=dict(static=True))
+    max_depth: int = dataclasses.field(metadata={"static": True})
 
     @property
     def batch(self) -> int:
@@ -84,7 +85,8 @@ class DraftTree:
         return lengths[:, None].astype(jnp.int32) + self.depth
 
     @classmethod
-    def build(cls, tokens, parents, q=None, valid=None, *, max_depth: int | None = None) -> "DraftTree":
+    def build(cls, tokens, parents, q=None, valid=None, *,
+              max_depth: int | None = None) -> DraftTree:
         """Build a tree from tokens int[B, N], parents int[B, N] (or int[N], shared by all rows),
         optional q float[B, N, V] and valid bool[B, N].
 
@@ -93,7 +95,8 @@ class DraftTree:
         """
         tokens = jnp.asarray(tokens)
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-            raise ValueError(f"tokens must be an int array [B, N], got {tokens.dtype}{list(tokens.shape)}")
+            raise ValueError(
+                f"tokens must be an int array [B, N], got {tokens.dtype}{list(tokens.shape)}")
         b, n = tokens.shape
         parents_np = _concrete(parents)
         parents = jnp.asarray(parents)
@@ -113,7 +116,8 @@ class DraftTree:
             raise ValueError("parents is traced (built inside jit/vmap from traced values): "
                              "pass a static max_depth")
         if not isinstance(max_depth, int) or not 0 <= max_depth < n:
-            raise ValueError(f"max_depth must be an int in [0, N-1] = [0, {n - 1}], got {max_depth!r}")
+            raise ValueError(
+                f"max_depth must be an int in [0, N-1] = [0, {n - 1}], got {max_depth!r}")
 
         if valid is None:
             valid = jnp.ones((b, n), bool)
@@ -131,18 +135,9 @@ class DraftTree:
                                  f"got {q.dtype}{list(q.shape)}")
             q = q.astype(jnp.float32)
 
-        tokens = tokens.astype(jnp.int32)
         parents = parents.astype(jnp.int32)
-        ancestors = _ancestors(parents)
-        depth = ancestors.sum(-1, dtype=jnp.int32) - 1
-        ok = valid & (depth <= max_depth)
-        valid = ~jnp.any(ancestors & ~ok[:, None, :], axis=-1)
-        at_depth = (depth[:, :, None] == jnp.arange(max_depth + 1)).astype(jnp.int32)  # [B,N,D+1]
-        node = jnp.arange(n, dtype=jnp.int32)
-        paths = jnp.einsum("bij,bjd->bid", ancestors * node, at_depth)
-        found = jnp.einsum("bij,bjd->bid", ancestors.astype(jnp.int32), at_depth) > 0
-        paths = jnp.where(found, paths, node[None, :, None])
-        return cls(tokens, parents, depth, valid, ancestors, paths, q, max_depth)
+        depth, valid, ancestors, paths = _derive(parents, valid, max_depth)
+        return cls(tokens.astype(jnp.int32), parents, depth, valid, ancestors, paths, q, max_depth)
 
 
 def chain(tokens, q=None, valid=None) -> DraftTree:
@@ -167,13 +162,28 @@ def _check_parents(parents: np.ndarray) -> int:
     bad = (parents[:, 1:] < 0) | (parents[:, 1:] >= idx[1:])
     if np.any(bad):
         row, col = np.argwhere(bad)[0]
-        raise ValueError(f"parents[{row}, {col + 1}] = {parents[row, col + 1]}: every non-root node "
-                         f"needs a parent index in [0, {col}] (parents[i] < i)")
+        raise ValueError(f"parents[{row}, {col + 1}] = {parents[row, col + 1]}: every non-root "
+                         f"node needs a parent index in [0, {col}] (parents[i] < i)")
     depth = np.zeros(parents.shape, np.int64)
     rows = np.arange(parents.shape[0])
     for i in range(1, n):
         depth[:, i] = depth[rows, parents[:, i]] + 1
     return int(depth.max())
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _derive(parents: jax.Array, valid: jax.Array, max_depth: int):
+    """depth, effective valid, ancestors and paths from parents int32[B, N] and valid bool[B, N]."""
+    n = parents.shape[1]
+    ancestors = _ancestors(parents)
+    depth = ancestors.sum(-1, dtype=jnp.int32) - 1
+    ok = valid & (depth <= max_depth)
+    valid = ~jnp.any(ancestors & ~ok[:, None, :], axis=-1)
+    at_depth = (depth[:, :, None] == jnp.arange(max_depth + 1)).astype(jnp.int32)  # [B,N,D+1]
+    node = jnp.arange(n, dtype=jnp.int32)
+    paths = jnp.einsum("bij,bjd->bid", ancestors * node, at_depth)
+    found = jnp.einsum("bij,bjd->bid", ancestors.astype(jnp.int32), at_depth) > 0
+    return depth, valid, ancestors, jnp.where(found, paths, node[None, :, None])
 
 
 def _ancestors(parents: jax.Array) -> jax.Array:

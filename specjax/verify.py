@@ -21,15 +21,24 @@ distribution at a leaf).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import sample
 from specjax.tree import DraftTree, Verdict
 
-__all__ = ["Verdict", "Verifier", "Greedy", "SpeculativeSampling", "SpecInfer", "RSD", "SpecTr",
-           "TopK", "Typical"]
+__all__ = [
+    "RSD",
+    "Greedy",
+    "SpecInfer",
+    "SpecTr",
+    "SpeculativeSampling",
+    "TopK",
+    "Typical",
+    "Verdict",
+    "Verifier",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +63,22 @@ class Verifier:
             if tree.q.shape[-1] != target_probs.shape[-1]:
                 raise ValueError(f"vocabulary mismatch: q has V={tree.q.shape[-1]}, "
                                  f"target_probs has V={target_probs.shape[-1]}")
-        return self._verify(tree, target_probs.astype(jnp.float32), key)
+        return _verify(self, tree, target_probs.astype(jnp.float32), key)
 
     def _verify(self, tree: DraftTree, p: jax.Array, key: jax.Array) -> Verdict:
         raise NotImplementedError
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _verify(rule: Verifier, tree: DraftTree, p: jax.Array, key: jax.Array) -> Verdict:
+    """Compiled once per rule and shapes when called eagerly; inlined under an outer jit."""
+    return rule._verify(tree, p, key)
+
+
 # ---- deterministic path scoring ----------------------------------------------------------------
 
-def _best_path(tree: DraftTree, node_ok: jax.Array, tie_score: jax.Array | None = None) -> jax.Array:
+def _best_path(tree: DraftTree, node_ok: jax.Array,
+               tie_score: jax.Array | None = None) -> jax.Array:
     """int32[B]: the deepest node whose path (root excluded) is all `node_ok` bool[B, N]; ties go
     to the higher `tie_score` float[B, N], then to the lowest index."""
     node_ok = node_ok.at[:, 0].set(True) & tree.valid
@@ -76,9 +92,13 @@ def _best_path(tree: DraftTree, node_ok: jax.Array, tie_score: jax.Array | None 
 
 def _parent_probs_of_tokens(tree: DraftTree, p: jax.Array) -> jax.Array:
     """float[B, N]: p[b, parent(i), tokens[b, i]] (the root gets p[b, 0, tokens[b, 0]])."""
-    par = jnp.maximum(tree.parents, 0)
-    p_par = jnp.take_along_axis(p, par[:, :, None], axis=1)  # [B, N, V]
-    return jnp.take_along_axis(p_par, tree.tokens[:, :, None], axis=2)[..., 0]
+    rows = jnp.arange(tree.batch)[:, None]
+    return p[rows, jnp.maximum(tree.parents, 0), tree.tokens]
+
+
+def _node_probs_of_tokens(x: jax.Array, tree: DraftTree) -> jax.Array:
+    """float[B, N]: x[b, i, tokens[b, i]] for x float[B, N, V]."""
+    return jnp.take_along_axis(x, tree.tokens[:, :, None], axis=2)[..., 0]
 
 
 def _verdict(tree: DraftTree, node: jax.Array, next_token: jax.Array) -> Verdict:
@@ -91,15 +111,28 @@ def _at(x: jax.Array, node: jax.Array) -> jax.Array:
     return x[jnp.arange(x.shape[0]), node]
 
 
+def _noise(key: jax.Array, b: int, n: int, v: int) -> tuple[jax.Array, jax.Array]:
+    """One random draw per verification: uniforms float[B, N] (one per node) and Gumbel noise
+    float[B, V] for the final token."""
+    u = jax.random.uniform(key, (b, n + v))
+    return u[:, :n], -jnp.log(-jnp.log(u[:, n:]))
+
+
+def _draw(p: jax.Array, gumbel: jax.Array) -> jax.Array:
+    """int32[B]: Gumbel-max draw from p float[B, V] (rows need not be normalised)."""
+    return jnp.argmax(jnp.log(jnp.maximum(p, 0.0)) + gumbel, axis=-1).astype(jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Greedy(Verifier):
     """Longest path whose every token is the target argmax at its parent (ties: lowest node
     index); next token = argmax at the end of the path. Exact at temperature 0; `key` unused."""
 
     def _verify(self, tree, p, key):
-        argmax_par = jnp.argmax(jnp.take_along_axis(p, jnp.maximum(tree.parents, 0)[:, :, None], 1), -1)
+        argmax = jax.lax.top_k(p, 1)[1][..., 0]  # ties to the lowest index; faster on CPU
+        argmax_par = jnp.take_along_axis(argmax, jnp.maximum(tree.parents, 0), axis=1)
         node = _best_path(tree, tree.tokens == argmax_par)
-        return _verdict(tree, node, jnp.argmax(_at(p, node), axis=-1))
+        return _verdict(tree, node, _at(argmax, node))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +161,8 @@ class Typical(Verifier):
         logp = jnp.where(tree.ancestors & (jnp.arange(tree.num_nodes) > 0),
                          jnp.log(jnp.maximum(px, 1e-30))[:, None, :], 0.0).sum(-1)
         node = _best_path(tree, ok, logp)
-        return _verdict(tree, node, sample(key, _at(p, node)))
+        _, g = _noise(key, tree.batch, 0, p.shape[-1])
+        return _verdict(tree, node, _draw(_at(p, node), g))
 
 
 # ---- speculative sampling on a chain -----------------------------------------------------------
@@ -154,18 +188,17 @@ class SpeculativeSampling(Verifier):
     needs_q = True
 
     def _verify(self, tree, p, key):
-        key_u, key_s = jax.random.split(key)
-        b, n = tree.batch, tree.num_nodes
+        b, n, v = p.shape
+        u, g = _noise(key, b, n, v)
         node = jnp.arange(n)
         link = tree.valid & (tree.parents == node - 1)  # node i continues the chain
-        qx = jnp.take_along_axis(tree.q, tree.tokens[:, :, None], axis=2)[..., 0]
-        u = jax.random.uniform(key_u, (b, n))
+        qx = _node_probs_of_tokens(tree.q, tree)
         accept = link & (u * qx < _parent_probs_of_tokens(tree, p))
         last = jnp.cumprod(accept[:, 1:], axis=1).sum(-1).astype(jnp.int32)  # accepted prefix
         nxt = jnp.minimum(last + 1, n - 1)
         rejected = (last + 1 < n) & _at(link, nxt)
         dist = jnp.where(rejected[:, None], _residual(_at(p, last), _at(tree.q, nxt)), _at(p, last))
-        return _verdict(tree, last, sample(key_s, dist))
+        return _verdict(tree, last, _draw(dist, g))
 
 
 # ---- recursive rejection over siblings (SpecInfer, RSD, TopK) ----------------------------------
@@ -185,30 +218,25 @@ class _SiblingWalk(Verifier):
         return _residual(p, q)
 
     def _verify(self, tree, p, key):
-        key_u, key_s = jax.random.split(key)
         b, n, v = p.shape
-        u = jax.random.uniform(key_u, (b, n))
-        q = tree.q if self.needs_q else None
-        xs = (tree.tokens.T, tree.parents.T, tree.valid.T, u.T, jnp.swapaxes(p, 0, 1),
-              None if q is None else jnp.swapaxes(q, 0, 1), jnp.arange(n, dtype=jnp.int32))
-        xs = jax.tree.map(lambda a: a[1:], xs)  # the root is never tried
+        u, g = _noise(key, b, n, v)
 
-        def step(carry, xs):
+        def step(j, carry):  # node j (the root, node 0, is never tried)
             cur, p_cur, tried = carry
-            x, parent, valid, u_j, p_j, q_j, j = xs
-            q_x = self._draft_law(q_j, x, tried)
-            is_try = valid & (parent == cur)
-            accept = is_try & (u_j * _take(q_x, x) < _take(p_cur, x))
+            x = tree.tokens[:, j]
+            q_x = self._draft_law(tree.q[:, j] if self.needs_q else None, x, tried)
+            is_try = tree.valid[:, j] & (tree.parents[:, j] == cur)
+            accept = is_try & (u[:, j] * _take(q_x, x) < _take(p_cur, x))
             reject = is_try & ~accept
-            p_cur = jnp.where(accept[:, None], p_j,
+            p_cur = jnp.where(accept[:, None], p[:, j],
                               jnp.where(reject[:, None], self._residual(p_cur, q_x), p_cur))
             seen = jax.nn.one_hot(x, v, dtype=bool)
             tried = jnp.where(accept[:, None], False, tried | (reject[:, None] & seen))
-            return (jnp.where(accept, j, cur), p_cur, tried), None
+            return jnp.where(accept, j, cur), p_cur, tried
 
         init = (jnp.zeros((b,), jnp.int32), p[:, 0], jnp.zeros((b, v), bool))
-        (cur, p_cur, _), _ = jax.lax.scan(step, init, xs)
-        return _verdict(tree, cur, sample(key_s, p_cur))
+        cur, p_cur, _ = jax.lax.fori_loop(1, n, step, init)
+        return _verdict(tree, cur, _draw(p_cur, g))
 
 
 def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
@@ -277,7 +305,8 @@ class SpecTr(Verifier):
         """float[B]: rho* for p, q float[B, V] and k float[B] (>= 1), by bisection on [1, k]."""
         def f_nonneg(rho):  # p_res >= 0, up to float32 summation error in beta
             beta = jnp.minimum(q, p / rho[:, None]).sum(-1)
-            return rho * beta * (1.0 + self.tolerance) - 1.0 + (1.0 - beta) ** k >= 0
+            fail = jnp.maximum(1.0 - beta, 0.0) ** k
+            return rho * beta * (1.0 + self.tolerance) - 1.0 + fail >= 0
 
         def body(_, lo_hi):
             lo, hi = lo_hi
@@ -289,10 +318,9 @@ class SpecTr(Verifier):
         return hi
 
     def _verify(self, tree, p, key):
-        key_u, key_s = jax.random.split(key)
-        b, n = tree.batch, tree.num_nodes
-        u = jax.random.uniform(key_u, (b, n))
-        qx = jnp.take_along_axis(tree.q, tree.tokens[:, :, None], axis=2)[..., 0]
+        b, n, v = p.shape
+        u, g = _noise(key, b, n, v)
+        qx = _node_probs_of_tokens(tree.q, tree)
         px = _parent_probs_of_tokens(tree, p)
 
         def descend(_, carry):
@@ -304,22 +332,23 @@ class SpecTr(Verifier):
             accept = children & (u * rho_here[:, None] * qx < px)
             moved = accept.any(-1)
             now_stop = ~stop & ~moved
-            return (jnp.where(moved, jnp.argmax(accept, axis=-1).astype(jnp.int32), cur),
-                    stop | now_stop, jnp.where(now_stop, rho_here, rho), jnp.where(now_stop, k_here, k))
+            cur = jnp.where(moved, jnp.argmax(accept, axis=-1).astype(jnp.int32), cur)
+            return (cur, stop | now_stop, jnp.where(now_stop, rho_here, rho),
+                    jnp.where(now_stop, k_here, k))
 
         init = (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), jnp.ones((b,)), jnp.zeros((b,)))
         cur, _, rho, k = jax.lax.fori_loop(0, tree.max_depth + 1, descend, init)
         p_cur = _at(p, cur)
         q_cur = _at(tree.q, jnp.argmax(tree.valid & (tree.parents == cur[:, None]), axis=-1))
-        dist = jnp.where((k > 0)[:, None], self._residual(p_cur, q_cur, rho, k), p_cur)
-        return _verdict(tree, cur, sample(key_s, dist))
+        dist = jnp.where((k > 0)[:, None], self._p_res(p_cur, q_cur, rho, k), p_cur)
+        return _verdict(tree, cur, _draw(dist, g))
 
     @staticmethod
-    def _residual(p, q, rho, k):
-        """p_res float[B, V] after all k candidates failed (clipped at 0; p where it has no mass)."""
+    def _p_res(p, q, rho, k):
+        """p_res float[B, V] after all k candidates failed (clipped at 0; p if it has no mass)."""
         capped = jnp.minimum(q, p / rho[:, None])
         beta = capped.sum(-1)
-        fail = (1.0 - beta) ** k
+        fail = jnp.maximum(1.0 - beta, 0.0) ** k
         gain = jnp.where(beta > 0, (1.0 - fail) / jnp.where(beta > 0, beta, 1.0), k)
         r = jnp.maximum(p - capped * gain[:, None], 0.0)
         mass = r.sum(-1, keepdims=True)
