@@ -38,7 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
     bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on held-out code")
     bn.add_argument("--model", default="tiny")
-    bn.add_argument("--methods", nargs="+", default=None, help="drafter names (default: all)")
+    bn.add_argument("--draft", default="tiny-draft", help="draft model for draft-*, adaptive-draft-chain, hf-assisted")
+    bn.add_argument("--methods", nargs="+", default=None,
+                    help="drafter names, adaptive-draft-chain, adaptive-prompt-lookup, hf-ar, hf-assisted, "
+                         "hf-prompt-lookup (default: all)")
     bn.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' (or Spec-Bench 'turns') field")
     bn.add_argument("--batch", type=int, nargs="+", default=[1])
     bn.add_argument("--max-new-tokens", type=int, default=128)
@@ -125,12 +128,11 @@ def cmd_convert(args) -> None:
 def cmd_bench(args) -> None:
     import shlex
 
-    from specjax.bench.harness import BenchConfig, markdown, run, write
-    from specjax.drafters.named import NAMED
+    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, markdown, run, skipped, write
 
-    cfg = BenchConfig(model=args.model, methods=tuple(args.methods or NAMED), batches=tuple(args.batch),
-                      num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-                      repeats=args.repeats, prompts_file=args.prompts)
+    cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
+                      batches=tuple(args.batch), num_prompts=args.num_prompts,
+                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts_file=args.prompts)
     if args.quick:
         cfg = dataclasses.replace(cfg, num_prompts=2, max_new_tokens=16, repeats=1)
     try:
@@ -138,8 +140,8 @@ def cmd_bench(args) -> None:
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     command = "python -m specjax " + shlex.join(args.argv)
-    write(rows, cfg, Path(args.out), command)
-    print(markdown(rows))
+    write(rows, cfg, Path(args.out), command, skipped(cfg))
+    print(markdown(rows, skipped(cfg)))
     print(f"\nwrote {args.out}/results.json, results.md, chart.png")
 
 

@@ -119,9 +119,11 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
     """Cache every prompt token but the last (the last is the first root); start the drafter."""
     b = prompts.shape[0]
     cache = KVCache.init(model.config, b, cache_len)
+    pre = None  # the prefill's hidden states go to the drafter (head drafters start from them)
     if prompts.shape[1] > 1:
-        cache = forward(model.config, model.params, prompts[:, :-1], cache=cache,
-                        compute_logits=False).cache
+        pre = forward(model.config, model.params, prompts[:, :-1], cache=cache, compute_logits=False,
+                      return_layers=drafter.target_layers)
+        cache = pre.cache
     history = jnp.zeros((b, cache_len), jnp.int32).at[:, : prompts.shape[1]].set(prompts)
     return DecodeState(
         cache=cache._replace(lengths=lengths - 1), history=history, length=lengths,
@@ -129,7 +131,7 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
         num_out=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), key=key,
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
-        drafter_state=drafter.init(model, prompts, lengths, cache_len))
+        drafter_state=drafter.init_from_prefill(model, prompts, lengths, cache_len, pre))
 
 
 def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: DecodeSettings,

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import random
 import resource
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,15 +24,26 @@ import numpy as np
 from tqdm import tqdm
 
 import specjax as sj
+from specjax import adaptive
+from specjax.bench.peers import BATCH1_ONLY, PEERS
+from specjax.bench.peers import SETTINGS as PEER_SETTINGS
 from specjax.drafters.named import NAMED, named_drafter
 
 LOSSY = {"typical"}  # methods whose output is not the target's law are labelled in the table
+ADAPTIVE = {"adaptive": ("draft-chain", (0, 1, 2, 4)), "adaptive-draft-chain": ("draft-chain", (0, 1, 2, 4)),
+            "adaptive-prompt-lookup": ("prompt-lookup", (0, 1, 2, 4, 8))}  # name -> (base, ks)
+DEFAULT_METHODS = (*NAMED, "adaptive-draft-chain", "adaptive-prompt-lookup", *PEERS)
+
+
+def known_methods() -> tuple[str, ...]:
+    return (*NAMED, *ADAPTIVE, *PEERS)
 
 
 @dataclasses.dataclass
 class BenchConfig:
     model: str = "tiny"
-    methods: tuple[str, ...] = tuple(NAMED)
+    draft: str = "tiny-draft"
+    methods: tuple[str, ...] = DEFAULT_METHODS
     batches: tuple[int, ...] = (1,)
     num_prompts: int = 8
     prompt_tokens: int = 96
@@ -51,63 +65,179 @@ def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> np.ndarray:
 
 def machine() -> str:
     dev = jax.devices()[0]
-    return (f"{platform.machine()} {jax.default_backend()} ({dev.device_kind}), "
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    text = (f"{platform.machine()} {jax.default_backend()} ({dev.device_kind}), {cores} CPU cores, "
             f"{jax.local_device_count()} device(s), jax {jax.__version__}")
+    if "torch" in sys.modules:  # the peer rows ran
+        import torch
+        import transformers
+        text += (f"; peers: torch {torch.__version__} with {torch.get_num_threads()} threads, "
+                 f"transformers {transformers.__version__}")
+    return text
+
+
+class _PeakRSS:
+    """Peak rise of this process's resident memory while the block runs (sampled every 5 ms)."""
+
+    def __enter__(self):
+        self.base = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+        self.rise_mb = (self.peak - self.base) / 2**20
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: the process peak, an upper bound
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _device_peak() -> int | None:
+    stats = jax.devices()[0].memory_stats()  # None on CPU
+    return None if not stats else int(stats.get("peak_bytes_in_use", 0))
+
+
+class _Method:
+    """One row's decoder: `decode(groups) -> list of (tokens int[B, N], stats)`."""
+
+    def __init__(self, name, cfg, model, draft, peers):
+        self.name, self.cfg, self.model, self.peers = name, cfg, model, peers
+        self.kind = "peer" if name in PEERS else "adaptive" if name in ADAPTIVE else "specjax"
+        self.costs = {}
+        if self.kind == "specjax":
+            self.drafter = named_drafter(name, model, draft)
+            self.nodes = 1 if self.drafter is None else self.drafter.num_nodes
+        elif self.kind == "adaptive":
+            base, ks = ADAPTIVE[name]
+            self.adaptive = adaptive.Adaptive(named_drafter(base, model, draft), ks=ks)
+            self.nodes = f"1..{ks[-1] + 1}"
+        else:
+            self.nodes = "-"
+
+    def supports(self, batch: int) -> bool:
+        return self.kind != "peer" or self.peers.supports(self.name, batch)
+
+    def prepare(self, groups) -> None:
+        """Per batch size, before the warm-up: adaptive profiles its step costs here."""
+        if self.kind == "adaptive":
+            self.costs[len(groups[0])] = adaptive.profile_costs(
+                self.model, groups[0], self.adaptive, max_new_tokens=self.cfg.max_new_tokens)
+
+    def decode(self, groups):
+        n = self.cfg.max_new_tokens
+        if self.kind == "peer":
+            return [self.peers.decode(self.name, g, n) for g in groups]
+        if self.kind == "adaptive":
+            outs = [adaptive.generate(self.model, g, self.adaptive, max_new_tokens=n,
+                                      costs=self.costs[len(g)]) for g in groups]
+        else:
+            outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.drafter) for g in groups]
+        return [(o.tokens, o.stats) for o in outs]
 
 
 def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
-    """Measure every method at every batch size; one row per (method, batch)."""
+    """Measure every method at every batch size; one row per (method, batch). Peer methods
+    that transformers runs at batch 1 only get no row at larger batches (see `skipped`)."""
     from tokenizers import Tokenizer
 
     from specjax.convert import resolve
+    unknown = [m for m in cfg.methods if m not in known_methods()]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from: {', '.join(known_methods())}")
     folder = resolve(cfg.model)
     model = sj.load(folder)
     prompts = _tokenized_prompts(cfg, Tokenizer.from_file(str(folder / "tokenizer.json")))
-    unknown = [m for m in cfg.methods if m not in NAMED]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from: {', '.join(NAMED)}")
-    methods = ["ar", *[m for m in cfg.methods if m != "ar"]]
-    drafters = {m: named_drafter(m, model) for m in methods}
+    methods = ["ar", *dict.fromkeys(m for m in cfg.methods if m != "ar")]
+    uses_draft = any(getattr(NAMED.get(m), "uses_draft", False) or ADAPTIVE.get(m, ("",))[0].startswith("draft")
+                     or m == "hf-assisted" for m in methods)
+    draft_folder = resolve(cfg.draft) if uses_draft else None
+    draft = sj.load(draft_folder) if draft_folder is not None else None
+    peers = None
+    if any(m in PEERS for m in methods):
+        from specjax.bench.peers import Peers
+        peers = Peers(folder, draft_folder)
+    runners = {m: _Method(m, cfg, model, draft, peers) for m in methods}
     rows = []
     rng = random.Random(cfg.seed)
     for batch in cfg.batches:
         groups = [prompts[np.arange(i, i + batch) % len(prompts)] for i in range(0, len(prompts), batch)]
-
-        def decode(method):
-            t0 = time.perf_counter()
-            outs = [sj.generate(model, g, max_new_tokens=cfg.max_new_tokens, drafter=drafters[method])
-                    for g in groups]
-            return time.perf_counter() - t0, outs
-
-        for m in methods:
-            decode(m)  # compile
-        walls = {m: [] for m in methods}
-        last = {}
-        bar = tqdm(total=cfg.repeats * len(methods), desc=f"bench batch {batch}", disable=not progress)
-        for _ in range(cfg.repeats):
-            for m in rng.sample(methods, len(methods)):
-                wall, last[m] = decode(m)
-                walls[m].append(wall)
+        here = [m for m in methods if runners[m].supports(batch)]
+        for m in here:
+            runners[m].prepare(groups)
+            runners[m].decode(groups)  # compile / warm up
+        walls = {m: [] for m in here}
+        last, mem = {}, {}
+        bar = tqdm(total=cfg.repeats * len(here), desc=f"bench batch {batch}", disable=not progress)
+        for r in range(cfg.repeats):
+            for m in rng.sample(here, len(here)):
+                dev0 = _device_peak()
+                with _PeakRSS() as watch:
+                    t0 = time.perf_counter()
+                    last[m] = runners[m].decode(groups)
+                    walls[m].append(time.perf_counter() - t0)
+                if r == 0:  # memory from the first timed (already compiled) run
+                    dev1 = _device_peak()
+                    mem[m] = ((dev1 - dev0) / 2**20, "device peak rise") if dev0 is not None and \
+                        runners[m].kind != "peer" else (watch.rise_mb, "RSS rise")
                 bar.update()
         bar.close()
         ar_tps = None
-        for m in methods:
-            new = sum(int(o.num_tokens.sum()) for o in last[m])
-            committed = sum(o.stats["committed_tokens"] for o in last[m])
-            steps = sum(o.stats["steps"] for o in last[m])
+        ar_first = last["ar"][0][0][0]
+        for m in here:
+            outs = [s for _, s in last[m]]
+            new = sum(int(s["new_tokens"]) for s in outs)
+            committed = sum(s["committed_tokens"] for s in outs)
+            steps = sum(s["steps"] for s in outs)
             tps = new / statistics.median(walls[m])
             ar_tps = tps if m == "ar" else ar_tps
-            rows.append({
-                "method": m, "batch": batch, "tau": committed / max(steps, 1),
-                "acceptance_per_depth": _mean_acceptance([o.stats for o in last[m]]),
+            first = last[m][0][0][0]
+            matches = bool(np.array_equal(first, ar_first))
+            if not matches:
+                print(f"warning: {m} (batch {batch}) differs from specjax ar on the first prompt at token "
+                      f"{int(np.argmax(first != ar_first))}", file=sys.stderr)
+            row = {
+                "method": m, "batch": batch, "kind": runners[m].kind, "tree_nodes": runners[m].nodes,
+                "tau": committed / max(steps, 1),
+                "acceptance_per_depth": _mean_acceptance(outs) if runners[m].kind != "peer" else [],
                 "tokens_per_s": tps, "speedup": tps / ar_tps,
-                "verifier": last[m][0].stats["verifier"], "lossy": m in LOSSY,
+                "verifier": outs[0].get("verifier", "transformers greedy"), "lossy": m in LOSSY,
                 "wall_s_median": statistics.median(walls[m]), "new_tokens": new,
-            })
+                "matches_ar_first_prompt": matches,
+                "mem_mb": round(mem[m][0], 1), "mem_source": mem[m][1],
+            }
+            if m in PEERS:
+                row["settings"] = PEER_SETTINGS[m]
+            if runners[m].kind == "adaptive":
+                k_counts = {}
+                for s in outs:
+                    for k, c in s["k_counts"].items():
+                        k_counts[k] = k_counts.get(k, 0) + c
+                row.update(k_counts=k_counts, step_costs_ms=[round(c * 1e3, 3) for c in outs[0]["costs"]])
+            rows.append(row)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for r in rows:
         r["peak_rss_mb"] = round(peak_mb, 1)  # the process's peak: an upper bound per method
     return rows
+
+
+def skipped(cfg: BenchConfig) -> list[dict]:
+    """The (method, batch) pairs `run` leaves out: transformers' assisted generation and prompt
+    lookup run at batch 1 only."""
+    return [{"method": m, "batch": b, "why": "transformers supports it at batch 1 only"}
+            for b in cfg.batches for m in cfg.methods if m in BATCH1_ONLY and b > 1]
 
 
 def _mean_acceptance(stats: list[dict]) -> list[float]:
@@ -116,14 +246,19 @@ def _mean_acceptance(stats: list[dict]) -> list[float]:
             for d in range(depths)]
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = ["| method | batch | verifier | tau | acceptance by depth | tokens/s | speedup |",
-             "|---|---|---|---|---|---|---|"]
+def markdown(rows: list[dict], skipped_rows: list[dict] = ()) -> str:
+    lines = ["| method | batch | tree nodes | verifier | tau | acceptance by depth | tokens/s | speedup | "
+             "mem (MB) | = ar |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"][:6]) or "-"
         label = r["method"] + (" (lossy)" if r["lossy"] else "")
-        lines.append(f"| {label} | {r['batch']} | {r['verifier']} | {r['tau']:.2f} | {acc} | "
-                     f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x |")
+        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
+        lines.append(f"| {label} | {r['batch']} | {r.get('tree_nodes', '-')} | {r['verifier']} | {tau} | {acc} | "
+                     f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r.get('mem_mb', '-')} | "
+                     f"{'yes' if r.get('matches_ar_first_prompt', True) else 'NO'} |")
+    for s in skipped_rows:
+        lines.append(f"| {s['method']} | {s['batch']} | skipped: {s['why']} | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -138,7 +273,8 @@ def chart(rows: list[dict], path: Path) -> None:
     width = 0.8 / len(batches)
     for ax, key in zip(axes, ("speedup", "tau")):
         for i, b in enumerate(batches):
-            vals = [next((r[key] for r in rows if r["method"] == m and r["batch"] == b), 0) for m in methods]
+            vals = [next((r[key] or 0 for r in rows if r["method"] == m and r["batch"] == b), 0)
+                    for m in methods]
             ax.bar(np.arange(len(methods)) + i * width, vals, width, label=f"batch {b}")
         ax.set_xticks(np.arange(len(methods)) + width * (len(batches) - 1) / 2)
         ax.set_xticklabels(methods, rotation=45, ha="right")
@@ -150,13 +286,27 @@ def chart(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write(rows: list[dict], cfg: BenchConfig, out: Path, command: str) -> None:
+def write(rows: list[dict], cfg: BenchConfig, out: Path, command: str, skipped_rows: list[dict] = ()) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.json", "w") as f:
         json.dump({"machine": machine(), "config": dataclasses.asdict(cfg), "command": command,
-                   "rows": rows}, f, indent=2)
-    (out / "results.md").write_text(f"{markdown(rows)}\n\nMachine: {machine()}\n\nCommand: `{command}`\n")
+                   "rows": rows, "skipped": list(skipped_rows), "notes": NOTES}, f, indent=2)
+    (out / "results.md").write_text(f"{markdown(rows, skipped_rows)}\n\nMachine: {machine()}\n\n"
+                                    f"Command: `{command}`\n\n" + "\n".join(f"- {n}" for n in NOTES) + "\n")
     try:
         chart(rows, out / "chart.png")
     except ImportError:  # matplotlib is optional (the `train` extra)
         pass
+
+
+NOTES = [
+    "tau = tokens per target forward, bonus included (peers: new tokens / forward calls of the "
+    "transformers target, counted by a hook, the prefill forward included).",
+    "speedup = tokens/s over specjax `ar` at the same batch, same run; medians over interleaved repeats.",
+    "mem = rise of the process RSS during the method's first timed (already compiled) run, sampled "
+    "every 5 ms (device peak-bytes rise on accelerators): approximate, since memory the allocator "
+    "kept from earlier methods is reused; peak_rss_mb in results.json is the whole process's peak.",
+    "= ar: the method's greedy output on the first prompt equals specjax ar's token for token.",
+    "adaptive-*: speculation length chosen per step by goodput (SmartSpec) from the measured step "
+    "costs (step_costs_ms, per k) and a moving-average acceptance; k_counts = steps per k.",
+]

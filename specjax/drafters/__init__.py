@@ -2,8 +2,9 @@
 
 from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.heads import Eagle, Medusa
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.recycling import TokenRecycling
 
-__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "Lookahead", "PromptLookup", "TokenRecycling"]
+__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "Eagle", "Medusa", "Lookahead", "PromptLookup", "TokenRecycling"]

@@ -5,6 +5,7 @@ its arrays (a draft model's params, head weights) are pytree leaves, so it is pa
 as an ordinary argument. Its three pure functions, optax-style:
 
     state = drafter.init(target, prompts, lengths, cache_len)      # after the target's prefill
+                                        # (init_from_prefill also gets the prefill's hidden states)
     tree, state = drafter.propose(state, ctx, key)                   # tree.tokens[:, 0] = root
     state = drafter.update(state, ctx, tree, verdict, target_out)   # after verify and commit
 
@@ -72,6 +73,13 @@ class Drafter:
 
     def init(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int) -> Any:
         return ()
+
+    def init_from_prefill(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int,
+                          prefill: ForwardOutput | None) -> Any:
+        """`init`, given the target's prefill output over prompts[:, :-1] (None for one-token
+        prompts): its `hidden` [B,T-1,E] and `layer_hidden` (the `target_layers`). Head drafters
+        override this to start from the prompt's hidden states; the rest ignore it."""
+        return self.init(target, prompts, lengths, cache_len)
 
     def propose(self, state, ctx: Context, key: jax.Array) -> tuple[DraftTree, Any]:
         raise NotImplementedError

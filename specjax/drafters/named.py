@@ -6,6 +6,7 @@ from typing import Callable
 
 from specjax.drafters.base import Drafter
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.heads import Eagle, Medusa
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.recycling import TokenRecycling
@@ -13,9 +14,10 @@ from specjax.models import Model
 
 
 def _draft(mode: str, **settings) -> Callable[[Model], Drafter]:
-    def make(target: Model) -> Drafter:
+    def make(target: Model, draft: Model | str = "tiny-draft") -> Drafter:
         from specjax.convert import load  # the shipped draft, loaded only when asked for
-        return DraftModel(load("tiny-draft"), mode=mode, **settings)
+        return DraftModel(load(draft) if not isinstance(draft, Model) else draft, mode=mode, **settings)
+    make.uses_draft = True
     return make
 
 
@@ -29,11 +31,16 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "prompt-lookup": lambda target: PromptLookup(max_ngram=3, num_tokens=8),
     "lookahead": lambda target: Lookahead(decoding_length=32, branch_length=8),
     "recycling": lambda target: TokenRecycling(),
+    "medusa": lambda target: Medusa.load("tiny"),
+    "eagle": lambda target: Eagle.load("tiny", target=target),
 }
 
 
-def named_drafter(name: str, target: Model) -> Drafter | None:
-    """The drafter called `name` (see NAMED) for `target`; None for plain autoregressive."""
+def named_drafter(name: str, target: Model, draft: Model | str | None = None) -> Drafter | None:
+    """The drafter called `name` (see NAMED) for `target`; None for plain autoregressive.
+    `draft`: the draft model (or its path) for the draft-* methods; default the shipped one."""
     if name not in NAMED:
         raise ValueError(f"unknown drafter {name!r}; choose from: {', '.join(NAMED)}")
+    if draft is not None and getattr(NAMED[name], "uses_draft", False):
+        return NAMED[name](target, draft)
     return NAMED[name](target)

@@ -87,6 +87,11 @@ class ModelConfig:
                 f"unsupported model_type {model_type!r} (architectures {archs}); "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads")
+        missing = [k for k in required if k not in hf]
+        if missing:
+            raise ValueError(f"config.json lacks required fields: {', '.join(missing)}")
         rope = dict(hf.get("rope_parameters") or {})
         if hf.get("rope_scaling"):
             rope.update(hf["rope_scaling"])
