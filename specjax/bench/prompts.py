@@ -22,7 +22,9 @@ def heldout_prompts(n: int = 16, context_chars: int = 400) -> list[str]:
         if per_file[f]:
             end = per_file[f].pop(len(per_file[f]) // 2)  # from the middle of the file
             text = read_text(files[f])
-            prompts.append(text[max(0, end - context_chars): end] + "\n")
+            # No trailing newline: the tokenizer merges a newline with the next line's indent,
+            # so a prompt ending in a bare newline ends on a split the model never saw.
+            prompts.append(text[max(0, end - context_chars): end].rstrip())
         i += 1
     return prompts
 

@@ -137,7 +137,8 @@ def save_hf(model: Model, path: str | os.PathLike) -> None:
             for i in range(config.num_layers):
                 w = params["layers"][name][i]
                 tensors[f"model.layers.{i}.{hf_name}"] = w.T if transpose else w
-    save_file({k: jnp.asarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
+    weights = folder / "model.safetensors"
+    save_file({k: jnp.asarray(v) for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)  # safetensors writes 0600; a model folder is meant to be shared
     with open(folder / "config.json", "w") as f:
         json.dump(config.to_hf(), f, indent=2)

@@ -1,0 +1,55 @@
+"""`python -m specjax.train --config FILE [--steps N] [--out DIR] [--resume] [--set k=v ...]
+[--export DIR]`: train (resuming from DIR's latest checkpoint), or export it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specjax.train.config import load_config, parse_value
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specjax.train", description=__doc__)
+    p.add_argument("--config", required=True, help="TOML config file")
+    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--out", help="override train.out (run folder: checkpoints, metrics)")
+    p.add_argument("--resume", action="store_true",
+                   help="require a checkpoint to resume from (resuming is automatic anyway)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any config key, e.g. --set optim.lr=1e-3 (repeatable)")
+    p.add_argument("--export", metavar="DIR",
+                   help="do not train: write the run's latest checkpoint to DIR as an HF folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+
+    overrides = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq:
+            p.error(f"--set expects SECTION.KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = parse_value(value.strip())
+    if args.steps is not None:
+        overrides["train.steps"] = args.steps
+    if args.out is not None:
+        overrides["train.out"] = args.out
+    try:
+        config = load_config(args.config, overrides)
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    if args.export:
+        from specjax.train.export import export
+
+        step = export(config, args.export)
+        print(f"exported step {step} of {config.train.out} -> {args.export}")
+        return 0
+    from specjax.train.loop import train
+
+    train(config, resume=args.resume, progress=not args.no_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

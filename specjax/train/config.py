@@ -1,0 +1,158 @@
+"""Training configs: a TOML file -> frozen dataclasses, with `section.key=value` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from specjax.models import ModelConfig
+from specjax.train.corpus import HELD_OUT
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the tokens come from and how they are windowed."""
+
+    tokenizer: str  # folder with tokenizer.json
+    cache_dir: str  # where the tokenized corpus (.npy) is cached
+    corpus: str = "stdlib"  # "stdlib" or a folder of .py files
+    held_out: tuple[str, ...] = HELD_OUT
+    seq_len: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay to `lr * min_lr_ratio`; global-norm clipping."""
+
+    lr: float = 3e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    grad_clip: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The loop: length, batch, cadence of logs, evals and checkpoints."""
+
+    out: str
+    steps: int = 1000
+    batch_size: int = 16
+    objective: str = "lm"
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 200
+    eval_batches: int = 8
+    save_every: int = 100
+    keep_checkpoints: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadsConfig:
+    """Draft-head training (objectives medusa1, medusa2, eagle, eagle3; see
+    specjax/train/head_objectives.py). [model] is then the target's config."""
+
+    target: str = "tiny"  # the frozen target: a folder, a shipped name, or "random" (tests)
+    num_heads: int = 4  # Medusa heads
+    num_layers: int = 1  # ResBlocks per Medusa head
+    own_lm_head: bool = False  # Medusa: a W2 per head (True) or the target's LM head (False)
+    decay: float = 0.8  # weight 0.8^k of head k / TTT step k
+    heads_coefficient: float = 0.2  # Medusa-2: weight of the head losses next to the LM loss
+    lr_multiplier: float = 4.0  # Medusa-2: the heads' learning-rate multiplier
+    ttt_steps: int = 1  # EAGLE: draft steps unrolled in training (EAGLE-3: 3 or more)
+    target_layers: tuple[int, ...] = ()  # EAGLE-3 taps (default: EAGLE-3's rule)
+    intermediate_size: int = 0  # EAGLE layer's MLP width (0: the target's)
+    feature_weight: float = 1.0  # EAGLE-1: SmoothL1 feature regression weight
+    ce_weight: float = 0.1  # EAGLE-1: cross-entropy to the target's distribution weight
+    noise: float = 0.1  # EAGLE-1: uniform input-feature noise U(-noise, noise)
+    tree_size: int = 16  # exported Medusa tree size
+    top_k: int = 6  # exported EAGLE-2 tree settings
+    depth: int = 5
+    total_tokens: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig
+    train: TrainConfig
+    heads: HeadsConfig = HeadsConfig()
+
+
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
+             "heads": HeadsConfig}
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`); bare words stay strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
+    """Set `section.key` entries of a raw config dict (a new dict)."""
+    raw = {k: dict(v) for k, v in raw.items()}
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        if not key or section not in _SECTIONS:
+            raise ValueError(f"bad override {dotted!r}: expected section.key with section in "
+                             f"{', '.join(_SECTIONS)}")
+        raw.setdefault(section, {})[key] = value
+    return raw
+
+
+def from_dict(raw: dict) -> Config:
+    """Build a Config, naming unknown sections, unknown keys and missing keys."""
+    unknown = set(raw) - set(_SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown config section(s): {', '.join(sorted(unknown))}; "
+                         f"expected {', '.join(_SECTIONS)}")
+    for name, cls in _SECTIONS.items():
+        known = [f.name for f in dataclasses.fields(cls)]
+        bad = set(raw.get(name, {})) - set(known)
+        if bad:
+            raise ValueError(f"unknown key(s) in [{name}]: {', '.join(sorted(bad))}; "
+                             f"known: {', '.join(known)}")
+    built = {}
+    for name, cls in _SECTIONS.items():
+        values = dict(raw.get(name, {}))
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        missing = [f for f, spec in fields.items() if f not in values
+                   and spec.default is dataclasses.MISSING
+                   and spec.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"missing key(s) in [{name}]: {', '.join(missing)}")
+        for key in ("held_out", "target_layers"):
+            if key in values:
+                values[key] = tuple(values[key])
+        built[name] = cls(**values)
+    return Config(**built)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a TOML config file and apply `section.key` overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    with path.open("rb") as f:
+        try:
+            raw = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: invalid TOML ({e})") from None
+    return from_dict(apply_overrides(raw, overrides or {}))
+
+
+def to_dict(config: Config) -> dict:
+    """A plain (JSON/TOML-able) dict of the config."""
+    out = {}
+    for name in _SECTIONS:
+        d = dataclasses.asdict(getattr(config, name))
+        out[name] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
+    return out

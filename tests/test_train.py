@@ -1,0 +1,159 @@
+"""`specjax.train` on a tiny model and a tiny corpus: learning, exact resume, config errors,
+export."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from specjax.train.__main__ import main as cli
+from specjax.train.config import from_dict, load_config
+from specjax.train.loop import _StopFlag, train
+from specjax.train.tokenizer import save_tokenizer, train_tokenizer
+
+CODE = '''def f{i}(x, y={i}):
+    """Return x plus {i}."""
+    if x > y:
+        return x - {i}
+    return [x + k for k in range({i})]
+
+'''
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "src").mkdir()
+    for n in range(4):
+        (root / "src" / f"m{n}.py").write_text("".join(CODE.format(i=i + 10 * n) for i in range(12)))
+    (root / "held.py").write_text("".join(CODE.format(i=i) for i in range(40, 46)))
+    tok_dir = root / "tok"
+    save_tokenizer(train_tokenizer([p.read_text() for p in root.rglob("m*.py")], vocab_size=300), tok_dir)
+    return root, tok_dir
+
+
+def raw_config(corpus, out, **train):
+    root, tok_dir = corpus
+    return {
+        "model": {"model_type": "llama", "vocab_size": 300, "hidden_size": 32,
+                  "intermediate_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
+                  "head_dim": 16, "max_position_embeddings": 64, "tie_word_embeddings": True},
+        "data": {"tokenizer": str(tok_dir), "cache_dir": str(root / "cache"),
+                 "corpus": str(root / "src"), "held_out": ["m3.py"], "seq_len": 16},
+        "optim": {"lr": 1e-2, "warmup_steps": 2},
+        "train": {"out": str(out), "batch_size": 4, "log_every": 1, "eval_every": 1000,
+                  "save_every": 1000, **train},
+    }
+
+
+def test_training_lowers_the_loss_and_resumes_exactly(corpus, tmp_path):
+    straight = train(from_dict(raw_config(corpus, tmp_path / "a", steps=30)), progress=False)
+    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r["loss"] for r in records if r["split"] == "train")
+    assert first > 5.0  # ~log(300) at init
+    assert straight["val"]["loss"] < first - 2.0
+    assert (tmp_path / "a" / "curve.png").stat().st_size > 0
+
+    # Interrupted after 13 steps, then resumed: same data order, same final params.
+    cfg = from_dict(raw_config(corpus, tmp_path / "b", steps=30))
+    half = train(cfg, progress=False, stop_after=13)
+    assert half["step"] == 13
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["13"]
+    resumed = train(cfg, progress=False, resume=True)
+    assert resumed["step"] == 30
+    assert resumed["train"]["loss"] == straight["train"]["loss"]
+    for a, b in zip(jax.tree.leaves(straight["params"]), jax.tree.leaves(resumed["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_sigterm_and_sigint_become_a_stop_flag():
+    before = signal.getsignal(signal.SIGTERM)
+    with _StopFlag() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: no KeyboardInterrupt mid-update
+        assert stop.signum == signal.SIGINT
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_resume_without_checkpoint_is_an_error(corpus, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(from_dict(raw_config(corpus, tmp_path / "none", steps=2)), resume=True, progress=False)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r["train"].update(stepz=3), r"unknown key\(s\) in \[train\]: stepz"),
+    (lambda r: r.update(optimizer={}), r"unknown config section\(s\): optimizer"),
+    (lambda r: r["data"].pop("tokenizer"), r"missing key\(s\) in \[data\]: tokenizer"),
+    (lambda r: r["model"].update(model_type="gpt2"), "unsupported model_type"),
+])
+def test_bad_config_errors(corpus, tmp_path, mutate, message):
+    raw = raw_config(corpus, tmp_path, steps=1)
+    mutate(raw)
+    with pytest.raises(ValueError, match=message):
+        from_dict(raw)
+
+
+def test_bad_paths_and_objective(corpus, tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match="config file not found"):
+        load_config(tmp_path / "nope.toml")
+    raw = raw_config(corpus, tmp_path / "r", steps=1, objective="medusa9")
+    with pytest.raises(ValueError, match="unknown objective 'medusa9'"):
+        train(from_dict(raw), progress=False)
+    raw = raw_config(corpus, tmp_path / "r", steps=1)
+    raw["data"]["tokenizer"] = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="tokenizer not found"):
+        train(from_dict(raw), progress=False)
+    (tmp_path / "c.toml").write_text("[train]\nout = 'x'\nbogus = 1\n")
+    assert cli(["--config", str(tmp_path / "c.toml")]) == 2
+    assert "unknown key(s) in [train]: bogus" in capsys.readouterr().err
+
+
+def test_cli_overrides_and_export_load_in_transformers(corpus, tmp_path):
+    import tomli_w
+
+    raw = raw_config(corpus, tmp_path / "unused", steps=100)
+    (tmp_path / "c.toml").write_bytes(tomli_w.dumps(raw).encode())
+    out = tmp_path / "run"
+    assert cli(["--config", str(tmp_path / "c.toml"), "--steps", "2", "--out", str(out),
+                "--set", "optim.lr=3e-3", "--no-progress"]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["train"]["steps"] == 2 and saved["optim"]["lr"] == 3e-3
+    assert cli(["--config", str(tmp_path / "c.toml"), "--out", str(out), "--export", str(tmp_path / "hf")]) == 0
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specjax.models import forward
+    from specjax.train.export import load_trained_params
+
+    params, step = load_trained_params(load_config(tmp_path / "c.toml", {"train.out": str(out)}))
+    assert step == 2
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    ids = tok.encode("def f3(x, y=3):\n")
+    want = np.asarray(forward(from_dict(raw).model, params, np.array([ids])).logits)
+    with torch.no_grad():
+        got = hf(torch.tensor([ids])).logits.numpy()
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-3)
+
+
+ASSETS = Path(__file__).resolve().parents[1] / "specjax" / "assets"
+
+
+@pytest.mark.skipif(not (ASSETS / "tiny-draft" / "model.safetensors").is_file(),
+                    reason="shipped tiny models absent (build them with train/make_tiny.sh)")
+def test_shipped_tiny_models_match_their_configs_and_size_budget():
+    from transformers import AutoConfig
+
+    total = sum(f.stat().st_size for name in ("tiny", "tiny-draft") for f in (ASSETS / name).iterdir())
+    assert total < 30 * 2**20
+    for name in ("tiny", "tiny-draft"):
+        hf = AutoConfig.from_pretrained(ASSETS / name)
+        model = load_config(Path(__file__).resolve().parents[1] / "configs" / f"{name}.toml").model
+        assert (hf.hidden_size, hf.num_hidden_layers, hf.vocab_size) == (
+            model.hidden_size, model.num_layers, model.vocab_size)
