@@ -174,3 +174,28 @@ def test_a_wrong_pairing_is_detected(sharp_pair):
     counts = _sampled_joint(target, DraftModel(draft, mode="gumbel", branching=(4, 1)), sj.verify.SpecInfer(),
                             params)
     assert _chi_square_pvalue(counts, _exact_joint(target, params)) < 1e-6
+
+
+# ---- the shipped tiny model ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_prompts():
+    from tokenizers import Tokenizer
+
+    from specjax.bench.prompts import heldout_prompts
+    from specjax.convert import resolve
+    tok = Tokenizer.from_file(str(resolve("tiny") / "tokenizer.json"))
+    ids = [tok.encode(p).ids for p in heldout_prompts(4)]
+    return [ids[0][-40:], ids[1][-25:], ids[2][-33:], ids[3][-12:]]  # ragged
+
+
+@pytest.mark.parametrize("name", ["draft-chain", "draft-iid", "draft-gumbel", "draft-beam", "draft-topk",
+                                  "prompt-lookup", "lookahead", "recycling"])
+def test_greedy_equals_autoregressive_on_the_shipped_model(name, tiny_prompts):
+    from specjax.drafters.named import named_drafter
+    tiny = sj.load("tiny")
+    batches = (tiny_prompts[:1], tiny_prompts) if name == "draft-chain" else (tiny_prompts,)
+    for prompts in batches:
+        want = sj.generate(tiny, prompts, max_new_tokens=20)
+        got = sj.generate(tiny, prompts, max_new_tokens=20, drafter=named_drafter(name, tiny))
+        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=name)

@@ -1,0 +1,81 @@
+"""`python -m specjax generate` end to end on the shipped model, and its clean failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import specjax as sj
+from specjax.convert import resolve
+
+
+def run(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "specjax", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_shipped_models_match_transformers():
+    for name in ("tiny", "tiny-draft"):
+        folder = resolve(name)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+        tok = transformers.AutoTokenizer.from_pretrained(folder)
+        ids = tok("def parse_args(argv):\n    parser = argparse.", return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = hf(ids).logits.numpy()
+        np.testing.assert_allclose(sj.forward(sj.load(name), ids.numpy()), ref, atol=1e-4)
+
+
+def test_generate_command_runs_on_the_shipped_model():
+    r = run("generate", "--prompt", "def parse_args(argv):", "--max-new-tokens", "24",
+            "--drafter", "prompt-lookup")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def parse_args(argv):") and len(r.stdout) > len("def parse_args(argv):")
+    assert "new tokens" in r.stderr and "tau" in r.stderr and "method prompt-lookup" in r.stderr
+
+
+def test_generate_command_matches_the_library():
+    """The printed text is the greedy continuation sj.generate produces."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(resolve("tiny") / "tokenizer.json"))
+    prompt = "def hls_to_rgb(h, l, s):"
+    ids = tok.encode(prompt).ids
+    model = sj.load("tiny")
+    out = sj.generate(model, [ids], max_new_tokens=16, eos_token_id=model.config.eos_token_id)
+    want = tok.decode(ids + out.tokens[0, : out.num_tokens[0]].tolist())
+    r = run("generate", "--prompt", prompt, "--max-new-tokens", "16", "--drafter", "ar")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == want.rstrip("\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "/nonexistent/folder"], "no model at '/nonexistent/folder'"),
+    (["--drafter", "bogus"], "unknown --drafter 'bogus'"),
+    (["--temperature", "-1"], "temperature must be a number >= 0"),
+    (["--top-p", "2", "--temperature", "1"], r"top_p must be in (0, 1]"),
+    (["--top-k", "0", "--temperature", "1"], "top_k must be an integer >= 1"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, message):
+    r = run("generate", "--prompt", "x = 1", *args, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_folder_without_tokenizer_or_with_bad_config(tmp_path):
+    sj.save(sj.load("tiny-draft"), tmp_path / "m", format="hf")
+    r = run("generate", "--prompt", "x", "--model", str(tmp_path / "m"), timeout=120)
+    assert r.returncode == 2 and "has no tokenizer.json" in r.stderr
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "tokenizer.json").write_text((resolve("tiny") / "tokenizer.json").read_text())
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    r = run("generate", "--prompt", "x", "--model", str(tmp_path / "bad"), timeout=120)
+    assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    r = run("generate", "--prompt", "x", "--model", str(tmp_path / "bad"), timeout=120)
+    assert r.returncode == 2 and "unsupported model_type 'bert'" in r.stderr
