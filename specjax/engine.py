@@ -9,6 +9,7 @@ adds a drafter's nodes to the same step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Iterator, NamedTuple, Sequence
 
@@ -284,23 +285,29 @@ def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, dra
            top_p: float | None = None, key: jax.Array | None = None,
            eos_token_id=None) -> Iterator[list[int]]:
     """Yield the new token ids of one prompt as each jitted step produces them (a host loop over
-    the same step `generate` compiles into its while_loop, for CLIs). After the loop, the
-    generator's return value (StopIteration.value) is the stats dict."""
+    the same step `generate` compiles into its while_loop, for CLIs). Both functions are
+    compiled before the first token, so the timing in the returned stats dict (the generator's
+    StopIteration.value) is decoding alone."""
     padded, lengths = pad_prompts([list(prompt)], model.config.vocab_size)
     plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
                  temperature, top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
+    args = (model, plan.drafter, jnp.asarray(padded), jnp.asarray(lengths), key)
+    statics = dict(settings=plan.settings, cache_len=plan.cache_len)
+    prefill_fn = _prefill_jit.lower(*args, **statics).compile()  # compile before the clock starts
+    state_shape = jax.eval_shape(functools.partial(prefill, **statics), *args)
+    step_fn = _step_jit.lower(model, plan.drafter, state_shape, settings=plan.settings,
+                              verifier=plan.verifier).compile()
     t0 = time.perf_counter()
-    state = _prefill_jit(model, plan.drafter, jnp.asarray(padded), jnp.asarray(lengths), key,
-                         settings=plan.settings, cache_len=plan.cache_len)
+    state = prefill_fn(*args)
     emitted = 0
     while True:
-        state = _step_jit(model, plan.drafter, state, settings=plan.settings, verifier=plan.verifier)
-        num, done = jax.device_get((state.num_out[0], state.done[0]))
-        if num > emitted:
-            yield jax.device_get(state.out[0, emitted:num]).tolist()
-            emitted = int(num)
-        if done:
+        state = step_fn(model, plan.drafter, state)
+        out, num, done = jax.device_get((state.out, state.num_out, state.done))
+        if num[0] > emitted:  # slice on the host: a device slice would compile per (start, stop)
+            yield out[0, emitted: num[0]].tolist()
+            emitted = int(num[0])
+        if done[0]:
             return _stats(plan, *jax.device_get((state.num_out, state.target_calls, state.accepted_hist)),
                           time.perf_counter() - t0)
 
