@@ -1,4 +1,10 @@
-"""Drafters by name, with the settings the command line and the benchmark use."""
+"""Drafters by name, with the settings the command line and the benchmark use.
+
+The trees are sized for the CPU, where a verify step over N tree tokens costs about as much as
+N / 4 single-token steps once N passes ~8 (the target's matmuls turn compute-bound): every
+named tree has 4-8 nodes. On a GPU larger trees pay; build the drafter yourself there (e.g.
+`TokenRecycling()` with the paper's 81-node template, `Lookahead()` with its defaults).
+"""
 
 from __future__ import annotations
 
@@ -23,16 +29,16 @@ def _draft(mode: str, **settings) -> Callable[[Model], Drafter]:
 
 NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "ar": lambda target: None,
-    "draft-chain": _draft("chain", k=4),
-    "draft-iid": _draft("iid", k=3, depth=3),
-    "draft-gumbel": _draft("gumbel", branching=(3, 2, 2, 1)),
-    "draft-beam": _draft("beam", width=4, depth=4),
-    "draft-topk": _draft("topk", template=(-1, 0, 0, 0, 1, 1, 2, 4, 4, 7, 9)),
-    "prompt-lookup": lambda target: PromptLookup(max_ngram=3, num_tokens=8),
-    "lookahead": lambda target: Lookahead(decoding_length=32, branch_length=8),
-    "recycling": lambda target: TokenRecycling(),
-    "medusa": lambda target: Medusa.load("tiny"),
-    "eagle": lambda target: Eagle.load("tiny", target=target),
+    "draft-chain": _draft("chain", k=3),
+    "draft-iid": _draft("iid", k=2, depth=3),
+    "draft-gumbel": _draft("gumbel", branching=(2, 1, 1)),
+    "draft-beam": _draft("beam", width=2, depth=3),
+    "draft-topk": _draft("topk", template=(-1, 0, 0, 1, 1, 2, 3, 5)),
+    "prompt-lookup": lambda target: PromptLookup(max_ngram=3, num_tokens=6),
+    "lookahead": lambda target: Lookahead(decoding_length=7, branch_length=4, max_nodes=2048),
+    "recycling": lambda target: TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)),
+    "medusa": lambda target: Medusa.load("tiny", tree_size=8),
+    "eagle": lambda target: Eagle.load("tiny", target=target, top_k=4, depth=4, total_tokens=8),
 }
 
 

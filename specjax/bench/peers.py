@@ -1,0 +1,87 @@
+"""Peer rows for the benchmark: Hugging Face transformers' own decoding on the same weights.
+
+`hf-ar` is `generate` greedy; `hf-assisted` is assisted generation with the shipped draft
+(`assistant_model=`); `hf-prompt-lookup` is `prompt_lookup_num_tokens=`. All load the same HF
+folder with AutoModelForCausalLM in float32, decode greedily with no EOS (so, like the specjax
+rows, every prompt gets exactly max_new_tokens tokens), and count the target's forward calls
+with a hook, so tau = new tokens / target forwards (the prefill forward, which makes the first
+token, counts as one; plain AR gives 1.0). transformers' assisted generation and prompt lookup
+take batch 1 only; those rows are skipped at larger batches.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+PEERS = ("hf-ar", "hf-assisted", "hf-prompt-lookup")
+BATCH1_ONLY = {"hf-assisted", "hf-prompt-lookup"}  # transformers supports these at batch 1 only
+SETTINGS = {
+    "hf-ar": "greedy",
+    "hf-assisted": "assistant_model=draft; transformers' defaults: num_assistant_tokens=20, constant "
+                   "schedule, assistant_confidence_threshold=0.4 (the draft stops early when unsure)",
+    "hf-prompt-lookup": "prompt_lookup_num_tokens=8, max_matching_ngram_size=3",
+}
+
+
+def torch_threads() -> int:
+    """Set torch to one thread per core of this machine (what `machine()` reports)."""
+    import torch
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(n)
+    return n
+
+
+class Peers:
+    """transformers models for the peer rows; `decode(method, prompts)` -> (tokens, stats)."""
+
+    def __init__(self, target: str | Path, draft: str | Path | None):
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+        transformers.logging.set_verbosity_error()  # generation-config notices, not problems
+        self.torch = torch
+        self.threads = torch_threads()
+        load = lambda p: AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval()
+        self.model = load(target)
+        self.draft = load(draft) if draft is not None else None
+        self.calls = 0
+
+        def count(module, args, kwargs, output):
+            self.calls += 1
+        self.model.register_forward_hook(count, with_kwargs=True)
+
+    def supports(self, method: str, batch: int) -> bool:
+        if method == "hf-assisted" and self.draft is None:
+            return False
+        return batch == 1 or method not in BATCH1_ONLY
+
+    def _kwargs(self, method: str, max_new_tokens: int) -> dict:
+        from transformers import GenerationConfig
+        cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                               eos_token_id=None, pad_token_id=0, num_beams=1)
+        kw = {"generation_config": cfg}
+        if method == "hf-assisted":
+            self.draft.generation_config.eos_token_id = None
+            kw["assistant_model"] = self.draft
+        elif method == "hf-prompt-lookup":
+            cfg.prompt_lookup_num_tokens = 8
+            cfg.max_matching_ngram_size = 3
+        return kw
+
+    def decode(self, method: str, prompts: np.ndarray, max_new_tokens: int) -> tuple[np.ndarray, dict]:
+        """Greedy-decode int[B, T] prompts; returns int32[B, max_new_tokens] and stats."""
+        torch = self.torch
+        ids = torch.as_tensor(np.asarray(prompts), dtype=torch.long)
+        self.calls = 0
+        with torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      **self._kwargs(method, max_new_tokens))
+        new = out[:, ids.shape[1]:].numpy().astype(np.int32)
+        if new.shape[1] != max_new_tokens:
+            raise RuntimeError(f"{method} produced {new.shape[1]} tokens, expected {max_new_tokens}")
+        n = int(new.size)
+        return new, {"new_tokens": n, "target_calls": self.calls,
+                     "committed_tokens": new.shape[1], "steps": self.calls}
