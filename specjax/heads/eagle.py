@@ -1,0 +1,259 @@
+"""EAGLE draft heads (Li et al. 2024, 2025): one Llama decoder layer that drafts at the feature
+level, autoregressively, reading the target's features.
+
+EAGLE-1 (version 1): the draft entry at position t reads f_t, the target's final normed hidden
+(the tensor its LM head consumes), and e(x_{t+1}), the target's embedding of the next token:
+    x = fc(concat(e(x_{t+1}), f_t)) + b           (embedding first; fc has a bias)
+    h = x + Attn(x)                               (layer 0 has no input norm)
+    f^_{t+1} = h + MLP(post_norm(h))
+and its tokens come from the frozen target LM head applied to f^ (as EAGLE's code does: f is
+already normed, so no second final norm).
+
+EAGLE-3 (version 3): the feature is g_t = fc(concat(l_low, l_mid, l_high)) over three target
+decoder-layer outputs (no bias); the layer reads concat(input_norm(e(x_{t+1})), hidden_norm(g_t))
+(q/k/v take 2E), the residual is g_t, then the MLP; tokens come from the draft's own final norm
+and LM head (draft vocabulary mapped to target ids by `d2t` when it is smaller).
+
+Further draft steps feed the draft's own output f^ (v1) / h (v3) back as the feature. Attention
+is the library's tree attention over the draft's own one-layer KV cache.
+
+Params (matrices [in, out]): fc_w, fc_b (v1), layer {wq, wk, wv, wo, mlp_norm, w_gate, w_up,
+w_down, + attn_norm (input norm) and hidden_norm for v3}, norm and lm_head (v3), optional
+embed [V, E] (default: the target's) and d2t int32[Vd] (draft id -> target id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from specjax.models import KVCache, ModelConfig
+from specjax.models.llama import _attention_block, _mlp_block, apply_rope, dense, rms_norm, rope_inv_freq
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+    """Static shape of an EAGLE head. `vocab_size` is the target's; `draft_vocab_size` the
+    head's own LM head (v3); `target_layers` the three target decoder layers fused by v3."""
+
+    version: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int | None = None
+    target_hidden_size: int | None = None
+    target_layers: tuple[int, ...] = ()
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self):
+        if self.version not in (1, 3):
+            raise ValueError(f"EAGLE version must be 1 or 3, got {self.version!r}")
+        if self.version == 3 and len(self.target_layers) != 3:
+            raise ValueError(f"EAGLE-3 fuses 3 target layers, got target_layers={self.target_layers}")
+        object.__setattr__(self, "target_layers", tuple(int(i) for i in self.target_layers))
+        if self.draft_vocab_size is None:
+            object.__setattr__(self, "draft_vocab_size", self.vocab_size)
+        if self.target_hidden_size is None:
+            object.__setattr__(self, "target_hidden_size", self.hidden_size)
+
+    @property
+    def layer(self) -> ModelConfig:
+        """The decoder layer as a one-layer ModelConfig (for the library's attention blocks)."""
+        return ModelConfig(model_type="llama", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_layers=1,
+                           num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                           head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
+                           rope_theta=self.rope_theta, rms_norm_eps=self.rms_norm_eps,
+                           dtype="float32")
+
+    @classmethod
+    def for_target(cls, target: ModelConfig, version: int = 1, target_layers=None,
+                   intermediate_size: int | None = None) -> "EagleConfig":
+        """A head shaped like one of `target`'s layers. v3 default taps: the outputs of layers
+        1, L//2 - 1 and L - 4 (EAGLE-3 reads the inputs of layers 2, L//2, L-3), clipped to
+        [0, L-1]."""
+        n = target.num_layers
+        if target_layers is None:
+            target_layers = tuple(min(max(i, 0), n - 1) for i in (1, n // 2 - 1, n - 4)) if version == 3 else ()
+        return cls(version=version, hidden_size=target.hidden_size,
+                   intermediate_size=intermediate_size or target.intermediate_size,
+                   num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+                   vocab_size=target.vocab_size, target_layers=tuple(target_layers) if version == 3 else (),
+                   rope_theta=target.rope_theta, rms_norm_eps=target.rms_norm_eps,
+                   max_position_embeddings=target.max_position_embeddings)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["target_layers"] = list(self.target_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EagleConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown EAGLE config key(s): {', '.join(sorted(unknown))}")
+        return cls(**{**d, "target_layers": tuple(d.get("target_layers", ()))})
+
+
+def param_shapes(cfg: EagleConfig) -> dict:
+    e, f = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    width = e if cfg.version == 1 else 2 * e
+    layer = {"wq": (width, q), "wk": (width, kv), "wv": (width, kv), "wo": (q, e), "mlp_norm": (e,),
+             "w_gate": (e, f), "w_up": (e, f), "w_down": (f, e)}
+    if cfg.version == 1:
+        return {"fc_w": (2 * e, e), "fc_b": (e,), "layer": layer}
+    layer.update(attn_norm=(e,), hidden_norm=(e,))
+    return {"fc_w": (3 * cfg.target_hidden_size, e), "layer": layer, "norm": (e,),
+            "lm_head": (e, cfg.draft_vocab_size)}
+
+
+def init(cfg: EagleConfig, key: jax.Array, target_params: dict | None = None, std: float = 0.02) -> dict:
+    """Random init (norms 1, bias 0). v1's fc starts as [0; I] + noise (the draft starts by
+    passing the target's feature through); v3's LM head starts from the target's when given."""
+    shapes = param_shapes(cfg)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    keys = jax.random.split(key, len(flat))
+    leaves = []
+    for (path, shape), k in zip(flat, keys):
+        name = path[-1].key
+        if name.endswith("norm"):
+            leaves.append(jnp.ones(shape, jnp.float32))
+        elif name == "fc_b":
+            leaves.append(jnp.zeros(shape, jnp.float32))
+        else:
+            scale = std / math.sqrt(2) if name in ("wo", "w_down") else std
+            leaves.append(scale * jax.random.normal(k, shape, jnp.float32))
+    params = jax.tree_util.tree_unflatten(treedef, leaves)
+    if cfg.version == 1:
+        e = cfg.hidden_size
+        params["fc_w"] = params["fc_w"].at[e:].add(jnp.eye(e))
+    elif target_params is not None and cfg.draft_vocab_size == cfg.vocab_size:
+        head = target_params.get("lm_head")
+        params["lm_head"] = jnp.asarray(target_params["embed"].T if head is None else head, jnp.float32)
+    return params
+
+
+# ---- the layer -----------------------------------------------------------------------------------
+
+def target_feature(cfg: EagleConfig, params: dict, hidden: jax.Array, layer_hidden: jax.Array | None):
+    """The target's feature per position: v1 the final normed hidden [B,T,E]; v3 fc over the
+    three chosen layer outputs layer_hidden [3,B,T,E]."""
+    if cfg.version == 1:
+        return hidden.astype(jnp.float32)
+    fused = jnp.concatenate([layer_hidden[i].astype(jnp.float32) for i in range(3)], axis=-1)
+    return dense(fused, params["fc_w"].astype(jnp.float32))
+
+
+def _inputs(cfg, params, emb, feat):
+    """(attention input, residual) of the layer from embeddings and features [B,T,E]."""
+    lp = params["layer"]
+    emb, feat = emb.astype(jnp.float32), feat.astype(jnp.float32)
+    if cfg.version == 1:
+        x = dense(jnp.concatenate([emb, feat], -1), params["fc_w"].astype(jnp.float32)) + params["fc_b"]
+        return x, x
+    x = jnp.concatenate([rms_norm(emb, lp["attn_norm"], cfg.rms_norm_eps),
+                         rms_norm(feat, lp["hidden_norm"], cfg.rms_norm_eps)], -1)
+    return x, feat
+
+
+def _finish(cfg, lp, residual, attn_out):
+    h = residual + attn_out
+    return h + _mlp_block(lp, rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps))
+
+
+def step(cfg: EagleConfig, params: dict, emb: jax.Array, feat: jax.Array, positions: jax.Array,
+         cache: KVCache, tree_mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Run the draft layer on T new entries that see the cache's committed slots and the new
+    entries `tree_mask` bool[B,T,T] allows. emb/feat [B,T,E], positions int[B,T].
+    Returns (output features [B,T,E], k_new, v_new [B,T,KV,hd])."""
+    lp = params["layer"]
+    x, residual = _inputs(cfg, params, emb, feat)
+    attn, k, v = _attention_block(cfg.layer, lp, x, positions, tree_mask, cache.k[0], cache.v[0],
+                                  cache.lengths, rope_inv_freq(cfg.layer))
+    return _finish(cfg, lp, residual, attn), k, v
+
+
+def write(cache: KVCache, k_new: jax.Array, v_new: jax.Array) -> KVCache:
+    """Write T new entries at slots [lengths, lengths + T) of each row (lengths unchanged)."""
+    b, t = k_new.shape[:2]
+    rows = jnp.arange(b)[:, None]
+    slots = cache.lengths[:, None] + jnp.arange(t)[None, :]
+    put = lambda buf, new: buf.at[0, rows, slots].set(new.astype(buf.dtype), mode="drop")
+    return cache._replace(k=put(cache.k, k_new), v=put(cache.v, v_new))
+
+
+def init_cache(cfg: EagleConfig, batch: int, max_len: int) -> KVCache:
+    return KVCache.init(cfg.layer, batch, max_len, jnp.float32)
+
+
+def logits(cfg: EagleConfig, params: dict, h: jax.Array, target_lm_head: jax.Array | None = None):
+    """Output features [...,E] -> float32 logits [..., V] over the target's vocabulary.
+    v1 uses the target's LM head [E, V]; v3 its own (d2t maps a smaller draft vocabulary)."""
+    if cfg.version == 1:
+        return dense(h.astype(jnp.float32), target_lm_head.astype(jnp.float32), out_dtype=jnp.float32)
+    out = dense(rms_norm(h, params["norm"], cfg.rms_norm_eps), params["lm_head"].astype(jnp.float32),
+                out_dtype=jnp.float32)
+    if "d2t" in params:
+        full = jnp.full((*out.shape[:-1], cfg.vocab_size), -1e30, jnp.float32)
+        return full.at[..., params["d2t"]].set(out)
+    return out
+
+
+def embed(params: dict, target_embed: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Token embeddings: the head's own copy when it has one, else the target's."""
+    table = params.get("embed", target_embed)
+    return table[tokens].astype(jnp.float32)
+
+
+# ---- training-time unroll ------------------------------------------------------------------------
+
+def unroll(cfg: EagleConfig, params: dict, emb: jax.Array, feat0: jax.Array, num_steps: int) -> list:
+    """The draft over a whole window for `num_steps` draft steps (EAGLE-3's training-time test).
+
+    emb [B, T + num_steps - 1, E]: embeddings of the input tokens (x_{t+1+i} at position t, step
+    i); feat0 [B,T,E]: the target features. Step 0 reads feat0 and attends causally; step i > 0
+    reads step i-1's output at the same position (which stands for position t+i), with RoPE
+    position t+i, and attends to the step-0 keys of positions <= t plus its own keys of steps
+    1..i — exactly what a depth-i tree node sees at inference. Returns [h_0, ..., h_{n-1}]."""
+    lc, lp = cfg.layer, params["layer"]
+    b, t, _ = feat0.shape
+    inv = rope_inv_freq(lc)
+    pos0 = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    scale = lc.head_dim ** -0.5
+    g = lc.num_heads // lc.num_kv_heads
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    neg = jnp.finfo(jnp.float32).min
+    outs, feat, k0 = [], feat0, None
+    diag_k, diag_v = [], []
+    for i in range(num_steps):
+        x, residual = _inputs(cfg, params, emb[:, i:i + t], feat)
+        pos = pos0 + i
+        q = apply_rope(dense(x, lp["wq"]).reshape(b, t, lc.num_heads, lc.head_dim), pos, inv)
+        k = apply_rope(dense(x, lp["wk"]).reshape(b, t, lc.num_kv_heads, lc.head_dim), pos, inv)
+        v = dense(x, lp["wv"]).reshape(b, t, lc.num_kv_heads, lc.head_dim)
+        qg = q.reshape(b, t, lc.num_kv_heads, g, lc.head_dim) * scale
+        if i == 0:
+            k0, v0 = k, v
+        else:
+            diag_k.append(k)
+            diag_v.append(v)
+        s0 = jnp.where(causal[None, None, None], jnp.einsum("bnkgd,bmkd->bkgnm", qg, k0), neg)
+        sd = [jnp.einsum("bnkgd,bnkd->bkgn", qg, kk)[..., None] for kk in diag_k]
+        p = jax.nn.softmax(jnp.concatenate([s0, *sd], -1), -1)
+        o = jnp.einsum("bkgnm,bmkd->bnkgd", p[..., :t], v0)
+        for j, vv in enumerate(diag_v):
+            o = o + p[..., t + j].transpose(0, 3, 1, 2)[..., None] * vv[:, :, :, None, :]
+        h = _finish(cfg, lp, residual, dense(o.reshape(b, t, -1), lp["wo"]))
+        outs.append(h)
+        feat = h
+    return outs

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Rebuild the shipped draft heads for the shipped tiny target (run train/make_tiny.sh first: it
+# leaves runs/tokenizer, runs/data and specjax/assets/tiny):
+#   Medusa-1 heads -> specjax/assets/tiny-medusa, EAGLE-1 head -> specjax/assets/tiny-eagle,
+# then greedy tau of each on held-out prompts -> train/heads_results.md.
+# TARGET=/path/to/hf-folder picks another target folder (default: the shipped "tiny").
+# Usage: train/make_heads.sh   (PYTHON=/path/to/python to pick the interpreter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+TARGET=${TARGET:-tiny}
+
+$PY -m specjax.train --config configs/medusa.toml --set heads.target="$TARGET"
+$PY -m specjax.train --config configs/medusa.toml --set heads.target="$TARGET" --export specjax/assets/tiny-medusa
+$PY -m specjax.train --config configs/eagle.toml --set heads.target="$TARGET"
+$PY -m specjax.train --config configs/eagle.toml --set heads.target="$TARGET" --export specjax/assets/tiny-eagle
+# EAGLE-3 (3-layer fusion, training-time test) is trained the same way; not shipped:
+#   $PY -m specjax.train --config configs/eagle3.toml
+TARGET="$TARGET" $PY train/heads_tau.py > train/heads_results.md
+du -ch specjax/assets/tiny-medusa/* specjax/assets/tiny-eagle/* | tail -1
