@@ -56,3 +56,27 @@ def hf_family(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+CODE = '''def f{i}(x, y={i}):
+    """Return x plus {i}."""
+    if x > y:
+        return x - {i}
+    return [x + k for k in range({i})]
+
+'''
+
+
+@pytest.fixture(scope="session")
+def code_corpus(tmp_path_factory):
+    """A tiny training corpus: src/m0..m3.py (m3 held out by the tests' configs), held.py, and
+    a 300-token BPE tokenizer trained on src in tok/."""
+    from specjax.train.tokenizer import save_tokenizer, train_tokenizer
+
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "src").mkdir()
+    for n in range(4):
+        (root / "src" / f"m{n}.py").write_text("".join(CODE.format(i=i + 10 * n) for i in range(12)))
+    (root / "held.py").write_text("".join(CODE.format(i=i) for i in range(40, 46)))
+    save_tokenizer(train_tokenizer([p.read_text() for p in root.rglob("m*.py")], vocab_size=300), root / "tok")
+    return root

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -107,7 +106,6 @@ def sharp_pair():
 
 def _exact_joint(target, params: SamplingParams, n=2):
     """P(first n new tokens) by enumeration with sj.forward."""
-    joint = np.ones([V] * 0)
     seqs = [()]
     table = {}
     for depth in range(n):

@@ -316,25 +316,9 @@ def test_eagle_drafts_what_its_head_predicts(target):
 
 # ---- training ----------------------------------------------------------------------------------
 
-CODE = '''def f{i}(x, y={i}):
-    """Return x plus {i}."""
-    if x > y:
-        return x - {i}
-    return [x + k for k in range({i})]
-
-'''
-
-
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from specjax.train.tokenizer import save_tokenizer, train_tokenizer
-
-    root = tmp_path_factory.mktemp("corpus")
-    (root / "src").mkdir()
-    for n in range(4):
-        (root / "src" / f"m{n}.py").write_text("".join(CODE.format(i=i + 10 * n) for i in range(12)))
-    save_tokenizer(train_tokenizer([p.read_text() for p in root.rglob("m*.py")], vocab_size=300), root / "tok")
-    return root
+def corpus(code_corpus):
+    return code_corpus
 
 
 def head_config(root, objective, steps):

@@ -13,27 +13,10 @@ import pytest
 from specjax.train.__main__ import main as cli
 from specjax.train.config import from_dict, load_config
 from specjax.train.loop import _StopFlag, train
-from specjax.train.tokenizer import save_tokenizer, train_tokenizer
-
-CODE = '''def f{i}(x, y={i}):
-    """Return x plus {i}."""
-    if x > y:
-        return x - {i}
-    return [x + k for k in range({i})]
-
-'''
-
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    (root / "src").mkdir()
-    for n in range(4):
-        (root / "src" / f"m{n}.py").write_text("".join(CODE.format(i=i + 10 * n) for i in range(12)))
-    (root / "held.py").write_text("".join(CODE.format(i=i) for i in range(40, 46)))
-    tok_dir = root / "tok"
-    save_tokenizer(train_tokenizer([p.read_text() for p in root.rglob("m*.py")], vocab_size=300), tok_dir)
-    return root, tok_dir
+def corpus(code_corpus):
+    return code_corpus, code_corpus / "tok"
 
 
 def raw_config(corpus, out, **train):

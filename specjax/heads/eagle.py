@@ -25,13 +25,13 @@ embed [V, E] (default: the target's) and d2t int32[Vd] (draft id -> target id).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 from specjax.models import KVCache, ModelConfig
-from specjax.models.llama import _attention_block, _mlp_block, apply_rope, dense, rms_norm, rope_inv_freq
+from specjax.models.llama import (_attention_block, _mlp_block, apply_rope, dense, random_params,
+                                  rms_norm, rope_inv_freq)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,20 +120,7 @@ def param_shapes(cfg: EagleConfig) -> dict:
 def init(cfg: EagleConfig, key: jax.Array, target_params: dict | None = None, std: float = 0.02) -> dict:
     """Random init (norms 1, bias 0). v1's fc starts as [0; I] + noise (the draft starts by
     passing the target's feature through); v3's LM head starts from the target's when given."""
-    shapes = param_shapes(cfg)
-    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(key, len(flat))
-    leaves = []
-    for (path, shape), k in zip(flat, keys):
-        name = path[-1].key
-        if name.endswith("norm"):
-            leaves.append(jnp.ones(shape, jnp.float32))
-        elif name == "fc_b":
-            leaves.append(jnp.zeros(shape, jnp.float32))
-        else:
-            scale = std / math.sqrt(2) if name in ("wo", "w_down") else std
-            leaves.append(scale * jax.random.normal(k, shape, jnp.float32))
-    params = jax.tree_util.tree_unflatten(treedef, leaves)
+    params = random_params(param_shapes(cfg), key, num_layers=1, std=std)
     if cfg.version == 1:
         e = cfg.hidden_size
         params["fc_w"] = params["fc_w"].at[e:].add(jnp.eye(e))

@@ -56,19 +56,25 @@ def param_shapes(config: ModelConfig) -> dict:
 def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> dict:
     """Random init (normal(0, std) matrices, unit norms, zero biases), GPT-2 style scaled
     residual outputs."""
-    shapes = param_shapes(config)
+    return random_params(param_shapes(config), key, config.num_layers, std, config.jnp_dtype)
+
+
+def random_params(shapes: dict, key: jax.Array, num_layers: int, std: float = 0.02,
+                  dtype=jnp.float32) -> dict:
+    """Params for a nested dict of shapes, by leaf name: `*norm` ones, biases (`b*`, `*_b`)
+    zeros, other matrices normal(0, std), with `wo`/`w_down` scaled by 1/sqrt(2 num_layers)."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(key, len(flat))
     leaves = []
     for (path, shape), k in zip(flat, keys):
         name = path[-1].key
         if name.endswith("norm"):
-            leaves.append(jnp.ones(shape, config.jnp_dtype))
-        elif name.startswith("b"):
-            leaves.append(jnp.zeros(shape, config.jnp_dtype))
+            leaves.append(jnp.ones(shape, dtype))
+        elif name in ("bq", "bk", "bv") or name.endswith("_b"):
+            leaves.append(jnp.zeros(shape, dtype))
         else:
-            scale = std / math.sqrt(2 * config.num_layers) if name in ("wo", "w_down") else std
-            leaves.append((scale * jax.random.normal(k, shape, jnp.float32)).astype(config.jnp_dtype))
+            scale = std / math.sqrt(2 * num_layers) if name in ("wo", "w_down") else std
+            leaves.append((scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
