@@ -80,3 +80,20 @@ def code_corpus(tmp_path_factory):
     (root / "held.py").write_text("".join(CODE.format(i=i) for i in range(40, 46)))
     save_tokenizer(train_tokenizer([p.read_text() for p in root.rglob("m*.py")], vocab_size=300), root / "tok")
     return root
+
+
+def tiny_llama_config(vocab: int = 64, max_pos: int = 256):
+    """The small random Llama most engine and drafter tests decode with (GQA 4/2, 2 layers)."""
+    import specjax as sj
+    return sj.ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                          max_position_embeddings=max_pos)
+
+
+@pytest.fixture(scope="session")
+def random_target():
+    """A random tiny Llama (vocab 64, 256 positions) shared by the drafter tests."""
+    import jax
+
+    import specjax as sj
+    return sj.Model.init(tiny_llama_config(), jax.random.key(0))

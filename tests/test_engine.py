@@ -14,19 +14,14 @@ import specjax as sj
 from specjax.drafters import DraftModel, Lookahead, PromptLookup, TokenRecycling
 from specjax.models import init_params
 from specjax.sampling import SamplingParams, probs
+from tests.conftest import tiny_llama_config
 
 RAGGED = [[5, 17, 33, 9, 60, 5, 17, 33], [40, 3], [8, 8, 50, 14, 22, 8, 8], [11]]
 
 
-def _config(vocab, max_pos=256):
-    return sj.ModelConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                          num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                          max_position_embeddings=max_pos)
-
-
 @pytest.fixture(scope="module")
-def target():
-    return sj.Model.init(_config(64), jax.random.key(0))
+def target(random_target):
+    return random_target
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +73,7 @@ def test_stats_are_consistent(target, near_draft):
 
 
 def test_bad_drafter_pairings_fail_clearly(target):
-    other = sj.Model.init(_config(32), jax.random.key(1))
+    other = sj.Model.init(tiny_llama_config(32), jax.random.key(1))
     with pytest.raises(ValueError, match=r"draft vocabulary \(32\) differs from the target's \(64\)"):
         sj.generate(target, [[1, 2]], drafter=DraftModel(other))
     with pytest.raises(ValueError, match="needs the draft distributions"):
@@ -98,7 +93,7 @@ SAMPLES = 24_000
 @pytest.fixture(scope="module")
 def sharp_pair():
     """A target and a different draft with a tiny vocabulary and peaked distributions."""
-    cfg = _config(V, max_pos=32)
+    cfg = tiny_llama_config(V, max_pos=32)
     t = sj.Model(init_params(cfg, jax.random.key(3), std=0.6), cfg)
     d = sj.Model(init_params(cfg, jax.random.key(4), std=0.6), cfg)
     return t, d

@@ -111,10 +111,8 @@ def test_pruning_keeps_frequent_paths_within_capacity():
 
 
 @pytest.fixture(scope="module")
-def target():
-    cfg = sj.ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=256)
-    return sj.Model.init(cfg, jax.random.key(0))
+def target(random_target):
+    return random_target
 
 
 DRAFTER = Lookahead(decoding_length=8, branch_length=4, max_query_length=2, max_nodes=256)

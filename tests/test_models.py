@@ -10,7 +10,7 @@ import torch
 
 import specjax as sj
 from specjax.models import KVCache, forward
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, tiny_llama_config
 
 PROMPTS = [[5, 17, 33, 9, 60, 71, 12], [40, 3], [8, 8, 90, 14, 22]]
 
@@ -68,10 +68,7 @@ def test_sharded_checkpoint_loads(hf_family, tmp_path):
 
 
 def _branches_model():
-    config = sj.ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
-                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                            max_position_embeddings=128)
-    return sj.Model.init(config, jax.random.key(1))
+    return sj.Model.init(tiny_llama_config(max_pos=128), jax.random.key(1))
 
 
 def _prefilled(model, prefix, batch=1, cache_len=32):

@@ -19,11 +19,8 @@ SMALL = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0))  # 9
 
 
 @pytest.fixture(scope="module")
-def target():
-    config = sj.ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
-                            num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                            max_position_embeddings=256)
-    return sj.Model.init(config, jax.random.key(0))
+def target(random_target):
+    return random_target
 
 
 def test_default_template_is_222():
