@@ -3,18 +3,16 @@
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
 
 import specjax as sj
 from specjax.drafters import DraftModel, Lookahead, PromptLookup, TokenRecycling
-from specjax.models import init_params
-from specjax.sampling import SamplingParams, probs
+from specjax.sampling import SamplingParams
 from tests.conftest import tiny_llama_config
+from tests.exactness import chi_square_pvalue, exact_joint, sampled_joint, sharp_model
 
 RAGGED = [[5, 17, 33, 9, 60, 5, 17, 33], [40, 3], [8, 8, 50, 14, 22, 8, 8], [11]]
 
@@ -85,54 +83,10 @@ def test_bad_drafter_pairings_fail_clearly(target):
 
 # ---- sampling exactness -------------------------------------------------------------------------
 
-V = 6
-PROMPT = [1, 4, 2]
-SAMPLES = 24_000
-
-
 @pytest.fixture(scope="module")
 def sharp_pair():
     """A target and a different draft with a tiny vocabulary and peaked distributions."""
-    cfg = tiny_llama_config(V, max_pos=32)
-    t = sj.Model(init_params(cfg, jax.random.key(3), std=0.6), cfg)
-    d = sj.Model(init_params(cfg, jax.random.key(4), std=0.6), cfg)
-    return t, d
-
-
-def _exact_joint(target, params: SamplingParams, n=2):
-    """P(first n new tokens) by enumeration with sj.forward."""
-    seqs = [()]
-    table = {}
-    for depth in range(n):
-        batch = jnp.array([PROMPT + list(s) for s in seqs])
-        p = np.asarray(probs(sj.forward(target, batch)[:, -1], params), np.float64)
-        for s, row in zip(seqs, p):
-            table[s] = row
-        seqs = [s + (x,) for s in seqs for x in range(V)]
-    joint = np.array([np.prod([table[s[:i]][s[i]] for i in range(n)]) for s in seqs])
-    return joint / joint.sum()
-
-
-def _sampled_joint(target, drafter, verifier, params, n=2, calls=4):
-    counts = np.zeros(V ** n)
-    per_call = SAMPLES // calls
-    for c in range(calls):
-        out = sj.generate(target, np.tile(PROMPT, (per_call, 1)), max_new_tokens=n, drafter=drafter,
-                          verifier=verifier, temperature=params.temperature, top_k=params.top_k,
-                          top_p=params.top_p, key=jax.random.key(100 + c))
-        idx = np.ravel_multi_index(out.tokens.T, [V] * n)
-        counts += np.bincount(idx, minlength=V ** n)
-    return counts
-
-
-def _chi_square_pvalue(counts, p):
-    keep = p * counts.sum() >= 5  # pool cells with tiny expectations
-    obs = np.append(counts[keep], counts[~keep].sum())
-    exp = np.append(p[keep], p[~keep].sum()) * counts.sum()
-    if exp[-1] == 0:
-        assert obs[-1] == 0, "tokens of zero probability were emitted"
-        obs, exp = obs[:-1], exp[:-1]
-    return scipy_stats.chisquare(obs, exp).pvalue
+    return sharp_model(3), sharp_model(4)
 
 
 EXACT_PAIRS = {
@@ -155,8 +109,8 @@ def test_sampling_keeps_the_autoregressive_law(name, sharp_pair):
     target, draft = sharp_pair
     make, verifier = EXACT_PAIRS[name]
     params = SamplingParams(temperature=0.9, top_p=0.95)
-    counts = _sampled_joint(target, make(draft), verifier, params)
-    assert _chi_square_pvalue(counts, _exact_joint(target, params)) > 1e-4, name
+    counts = sampled_joint(target, make(draft), verifier, params)
+    assert chi_square_pvalue(counts, exact_joint(target, params)) > 1e-4, name
 
 
 def test_a_wrong_pairing_is_detected(sharp_pair):
@@ -164,9 +118,9 @@ def test_a_wrong_pairing_is_detected(sharp_pair):
     test above has the power to see it."""
     target, draft = sharp_pair
     params = SamplingParams(temperature=1.0)
-    counts = _sampled_joint(target, DraftModel(draft, mode="gumbel", branching=(4, 1)), sj.verify.SpecInfer(),
+    counts = sampled_joint(target, DraftModel(draft, mode="gumbel", branching=(4, 1)), sj.verify.SpecInfer(),
                             params)
-    assert _chi_square_pvalue(counts, _exact_joint(target, params)) < 1e-6
+    assert chi_square_pvalue(counts, exact_joint(target, params)) < 1e-6
 
 
 # ---- the shipped tiny model ---------------------------------------------------------------------

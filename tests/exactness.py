@@ -1,0 +1,63 @@
+"""Sampling exactness, shared by the engine and head tests: the exact law of the first n new
+tokens by enumeration with `sj.forward`, the law `sj.generate` samples with a drafter and a
+verifier, and a chi-square test between them (with enough samples that a wrong rule fails:
+tests/test_engine.py::test_a_wrong_pairing_is_detected is the negative control)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats as scipy_stats
+
+import specjax as sj
+from specjax.models import init_params
+from specjax.sampling import SamplingParams, probs
+from tests.conftest import tiny_llama_config
+
+V = 6
+PROMPT = [1, 4, 2]
+SAMPLES = 24_000
+
+
+def sharp_model(seed: int) -> sj.Model:
+    """A random model with a tiny vocabulary and peaked distributions."""
+    cfg = tiny_llama_config(V, max_pos=32)
+    return sj.Model(init_params(cfg, jax.random.key(seed), std=0.6), cfg)
+
+
+def exact_joint(target, params: SamplingParams, n=2):
+    """P(first n new tokens) by enumeration with sj.forward."""
+    seqs = [()]
+    table = {}
+    for depth in range(n):
+        batch = jnp.array([PROMPT + list(s) for s in seqs])
+        p = np.asarray(probs(sj.forward(target, batch)[:, -1], params), np.float64)
+        for s, row in zip(seqs, p):
+            table[s] = row
+        seqs = [s + (x,) for s in seqs for x in range(V)]
+    joint = np.array([np.prod([table[s[:i]][s[i]] for i in range(n)]) for s in seqs])
+    return joint / joint.sum()
+
+
+def sampled_joint(target, drafter, verifier, params, n=2, calls=4):
+    """Counts of the first n new tokens over SAMPLES generations from PROMPT."""
+    counts = np.zeros(V ** n)
+    per_call = SAMPLES // calls
+    for c in range(calls):
+        out = sj.generate(target, np.tile(PROMPT, (per_call, 1)), max_new_tokens=n, drafter=drafter,
+                          verifier=verifier, temperature=params.temperature, top_k=params.top_k,
+                          top_p=params.top_p, key=jax.random.key(100 + c))
+        idx = np.ravel_multi_index(out.tokens.T, [V] * n)
+        counts += np.bincount(idx, minlength=V ** n)
+    return counts
+
+
+def chi_square_pvalue(counts, p):
+    keep = p * counts.sum() >= 5  # pool cells with tiny expectations
+    obs = np.append(counts[keep], counts[~keep].sum())
+    exp = np.append(p[keep], p[~keep].sum()) * counts.sum()
+    if exp[-1] == 0:
+        assert obs[-1] == 0, "tokens of zero probability were emitted"
+        obs, exp = obs[:-1], exp[:-1]
+    return scipy_stats.chisquare(obs, exp).pvalue
