@@ -7,9 +7,13 @@ as an ordinary argument. Its three pure functions, optax-style:
     state = drafter.init(target, prompts, lengths, cache_len)      # after the target's prefill
                                         # (init_from_prefill also gets the prefill's hidden states)
     tree, state = drafter.propose(state, ctx, key)                   # tree.tokens[:, 0] = root
+    inject = drafter.injection(state, tree, positions)               # extra verify-pass inputs
     state = drafter.update(state, ctx, tree, verdict, target_out)   # after verify and commit
 
 `propose` returns the state too, because proposing may write a draft model's KV cache.
+`injection` (None for most drafters) appends positions to the target's verify forward, for
+drafters that draft inside it (PPD, Hidden Transfer); `update` then sees their outputs after
+the tree's in `target_out`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import verify
-from specjax.models import ForwardOutput, Model
+from specjax.models import ForwardOutput, Injection, Model
 from specjax.sampling import SamplingParams
 from specjax.tree import DraftTree, Verdict
 
@@ -83,6 +87,10 @@ class Drafter:
 
     def propose(self, state, ctx: Context, key: jax.Array) -> tuple[DraftTree, Any]:
         raise NotImplementedError
+
+    def injection(self, state, tree: DraftTree, positions: jax.Array) -> Injection | None:
+        """Extra positions for the verify forward, given the tree's `positions` int32[B, N]."""
+        return None
 
     def update(self, state, ctx: Context, tree: DraftTree, verdict: Verdict,
                target_out: ForwardOutput) -> Any:

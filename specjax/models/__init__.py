@@ -8,7 +8,7 @@ import jax
 
 from specjax.models.cache import KVCache
 from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
-from specjax.models.llama import ForwardOutput, forward, init_params, lm_head, param_shapes
+from specjax.models.llama import ForwardOutput, Injection, forward, init_params, lm_head, param_shapes
 
 
 @jax.tree_util.register_dataclass
@@ -28,5 +28,5 @@ class Model:
         return forward(self.config, self.params, tokens, **kwargs)
 
 
-__all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "forward",
+__all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "Injection", "forward",
            "init_params", "lm_head", "param_shapes", "SUPPORTED_MODEL_TYPES"]

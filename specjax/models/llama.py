@@ -13,7 +13,7 @@ weights are stored [in, out].
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,19 @@ class ForwardOutput(NamedTuple):
     hidden: jax.Array  # [B, T, E]: the final normed hidden state (what the LM head reads)
     layer_hidden: jax.Array | None  # [len(return_layers), B, T, E]: outputs of chosen layers
     cache: KVCache | None
+
+
+class Injection(NamedTuple):
+    """M extra positions appended to a forward (PPD prompt tokens, Hidden Transfer pseudo
+    states). They enter the residual stream before decoder layer `layer` (0: with the
+    embeddings) as `make(x)`, x [B, T, E] being the T tokens' stream there; they see the
+    committed cache and, by `mask` bool[B, M, T + M], some of the tokens and each other. The
+    tokens never see them, and their K/V are not written to the cache."""
+
+    layer: int
+    make: Callable[[jax.Array], jax.Array]
+    positions: jax.Array  # int[B, M]
+    mask: jax.Array
 
 
 # ---- parameters ---------------------------------------------------------------------------------
@@ -153,7 +166,7 @@ def _mlp_block(lp, x):
 def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
             positions: jax.Array | None = None, cache: KVCache | None = None,
             tree_mask: jax.Array | None = None, return_layers: tuple[int, ...] = (),
-            compute_logits: bool = True) -> ForwardOutput:
+            compute_logits: bool = True, inject: Injection | None = None) -> ForwardOutput:
     """Run the model on `tokens` int[B, T].
 
     positions: int[B, T]; default `cache.lengths + arange(T)` (or `arange(T)` without a cache).
@@ -161,6 +174,7 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
       each row and attention also covers the committed slots [0, lengths).
     tree_mask: bool[B, T, T], which new tokens each new token sees; default causal.
     return_layers: indices of decoder layers whose outputs (pre final norm) to return.
+    inject: extra positions (see Injection); the outputs then cover T + M positions.
     """
     c = config
     b, t = tokens.shape
@@ -169,10 +183,16 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         positions = start + jnp.arange(t, dtype=jnp.int32)[None, :]
     if tree_mask is None:
         tree_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    x = params["embed"][tokens].astype(c.jnp_dtype)
+    if inject is not None:
+        m = inject.positions.shape[1]
+        positions = jnp.concatenate([positions, inject.positions.astype(positions.dtype)], axis=1)
+        tree_mask = jnp.concatenate([jnp.pad(tree_mask, ((0, 0), (0, 0), (0, m))), inject.mask], axis=1)
+        extra = inject.make(x) if inject.layer == 0 else jnp.zeros((b, m, x.shape[-1]))
+        x = jnp.concatenate([x, extra.astype(x.dtype)], axis=1)
     if c.sliding_window is not None:  # the window applies inside the new block as well
         tree_mask = tree_mask & (positions[:, :, None] - positions[:, None, :] < c.sliding_window)
     inv_freq = rope_inv_freq(c)
-    x = params["embed"][tokens].astype(c.jnp_dtype)
 
     if cache is None:
         empty = jnp.zeros((c.num_layers, b, 0, c.num_kv_heads, c.head_dim), c.jnp_dtype)
@@ -181,14 +201,18 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         k_cache, v_cache, lengths = cache
 
     def layer(x, xs):
-        lp, k_layer, v_layer = xs
+        lp, k_layer, v_layer, index = xs
+        if inject is not None and inject.layer > 0:
+            x = jax.lax.cond(index == inject.layer,
+                             lambda x: x.at[:, t:].set(inject.make(x[:, :t]).astype(x.dtype)), lambda x: x, x)
         h, k_new, v_new = _attention_block(c, lp, rms_norm(x, lp["attn_norm"], c.rms_norm_eps),
                                            positions, tree_mask, k_layer, v_layer, lengths, inv_freq)
         x = x + h
         x = x + _mlp_block(lp, rms_norm(x, lp["mlp_norm"], c.rms_norm_eps))
         return x, (k_new, v_new, x if return_layers else None)
 
-    x, (k_new, v_new, per_layer) = jax.lax.scan(layer, x, (params["layers"], k_cache, v_cache))
+    x, (k_new, v_new, per_layer) = jax.lax.scan(
+        layer, x, (params["layers"], k_cache, v_cache, jnp.arange(c.num_layers)))
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
     hidden = rms_norm(x, params["norm"], c.rms_norm_eps)
     logits = lm_head(config, params, hidden) if compute_logits else None
@@ -197,7 +221,7 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         rows = jnp.arange(b)[:, None]
         slots = lengths[:, None] + jnp.arange(t)[None, :]
         write = lambda buf, new: buf.at[:, rows, slots].set(new.astype(buf.dtype), mode="drop")
-        new_cache = cache._replace(k=write(cache.k, k_new), v=write(cache.v, v_new))
+        new_cache = cache._replace(k=write(cache.k, k_new[:, :, :t]), v=write(cache.v, v_new[:, :, :t]))
     return ForwardOutput(logits, hidden, layer_hidden, new_cache)
 
 
