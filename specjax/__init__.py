@@ -5,12 +5,13 @@
     out = sj.generate(model, [[1, 2, 3]], max_new_tokens=32)
 """
 
-from specjax import drafters, sampling, verify
+from specjax import drafters, sampling, sharding, verify
 from specjax.convert import load, save
 from specjax.engine import GenerateOutput, generate, make_generate, stream
 from pallas_kernels import QuantizedWeight
 from specjax.models import KVCache, Model, ModelConfig
 from specjax.quantize import quantize
+from specjax.sharding import shard
 from specjax.tree import DraftTree, Verdict
 from specjax.models import forward as _forward
 
@@ -23,5 +24,5 @@ def forward(model: Model, tokens):
 
 
 __all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "save", "forward",
-           "generate", "make_generate", "stream", "sampling", "drafters", "verify", "DraftTree", "Verdict", "quantize",
+           "generate", "make_generate", "stream", "sampling", "sharding", "shard", "drafters", "verify", "DraftTree", "Verdict", "quantize",
            "QuantizedWeight"]

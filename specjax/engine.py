@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import sampling, verify
+from specjax import sampling, sharding, verify
 from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.models import KVCache, Model, ModelConfig, forward
 
@@ -126,13 +126,13 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
                       return_layers=drafter.target_layers)
         cache = pre.cache
     history = jnp.zeros((b, cache_len), jnp.int32).at[:, : prompts.shape[1]].set(prompts)
-    return DecodeState(
+    return sharding.constrain_caches(DecodeState(
         cache=cache._replace(lengths=lengths - 1), history=history, length=lengths,
         out=jnp.full((b, settings.max_new_tokens), -1, jnp.int32),
         num_out=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), key=key,
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
-        drafter_state=drafter.init_from_prefill(model, prompts, lengths, cache_len, pre))
+        drafter_state=drafter.init_from_prefill(model, prompts, lengths, cache_len, pre)))
 
 
 def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: DecodeSettings,
@@ -141,9 +141,12 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     key, draft_key, verify_key = jax.random.split(state.key, 3)
     ctx = Context(state.history, state.length, settings.sampling)
     tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
-    out = forward(model.config, model.params, tree.tokens, positions=tree.positions(state.cache.lengths),
-                  cache=state.cache, tree_mask=tree.ancestors, return_layers=drafter.target_layers)
-    verdict = verifier(tree, sampling.probs(out.logits, settings.sampling), verify_key)
+    positions = tree.positions(state.cache.lengths)
+    out = forward(model.config, model.params, tree.tokens, positions=positions, cache=state.cache,
+                  tree_mask=tree.ancestors, return_layers=drafter.target_layers,
+                  inject=drafter.injection(dstate, tree, positions))
+    logits = out.logits[:, : tree.num_nodes]
+    verdict = verifier(tree, sampling.probs(logits, settings.sampling), verify_key)
     active = ~state.done
     cache = out.cache.commit(verdict.path, verdict.num_accepted)
     cache = cache._replace(lengths=jnp.where(active, cache.lengths, state.cache.lengths))
@@ -151,7 +154,7 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     hist = state.accepted_hist + (jax.nn.one_hot(verdict.num_accepted, drafter.max_depth + 1, dtype=jnp.int32)
                                   * active[:, None])
     state = state._replace(cache=cache, key=key, drafter_state=dstate, accepted_hist=hist)
-    return _emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings)
+    return sharding.constrain_caches(_emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings))
 
 
 def _emit(state: DecodeState, new: jax.Array, count: jax.Array, settings: DecodeSettings) -> DecodeState:
@@ -226,7 +229,9 @@ def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int =
     """The decode loop as a pure function `(params, prompts int[B, prompt_len], lengths int[B],
     key, drafter=drafter) -> (tokens int32[B, max_new_tokens], num_tokens int32[B])`, for use
     inside the caller's jit / vmap / sharded pipeline. Prompts are right-padded; lengths[b] >= 1.
-    Pass the drafter as an argument to keep its weights traced rather than baked in."""
+    Pass the drafter as an argument to keep its weights traced rather than baked in. Sharded
+    (params from `sj.shard`, prompts from `sj.sharding.shard_batch`): trace it under
+    `jax.set_mesh(mesh)`, which pins the KV caches and keeps the Pallas kernels out."""
     plan = _plan(config, None, prompt_len, drafter, verifier, max_new_tokens, temperature, top_k,
                  top_p, eos_token_id)
 
@@ -243,16 +248,22 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter=None, v
              key: jax.Array | None = None, eos_token_id=None) -> GenerateOutput:
     """Generate up to `max_new_tokens` per prompt; the whole loop is one compiled while_loop.
     `drafter=None` is plain autoregressive decoding; `verifier=None` picks the exact rule that
-    fits the drafter and the temperature."""
+    fits the drafter and the temperature. A model laid out on a mesh (`sj.shard`) decodes
+    sharded: the batch over 'data' (the last prompt repeated to fill it), the drafter laid out
+    on the same mesh."""
     padded, lengths = pad_prompts(prompts, model.config.vocab_size)
     plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
                  temperature, top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
+    mesh = sharding.mesh_of(model)
+    drafter = plan.drafter if mesh is None else sharding.shard(plan.drafter, mesh)
+    rows, lens = sharding.pad_batch(mesh, padded, lengths)
     t0 = time.perf_counter()
-    state = _decode_jit(model, plan.drafter, jnp.asarray(padded), jnp.asarray(lengths), key,
-                        settings=plan.settings, verifier=plan.verifier, cache_len=plan.cache_len)
-    tokens, num, calls, hist = jax.device_get((state.out, state.num_out, state.target_calls,
-                                               state.accepted_hist))
+    with sharding.use_mesh(mesh):
+        state = _decode_jit(model, drafter, sharding.shard_batch(mesh, rows), sharding.shard_batch(mesh, lens),
+                            key, settings=plan.settings, verifier=plan.verifier, cache_len=plan.cache_len)
+    tokens, num, calls, hist = (x[: len(padded)] for x in sharding.to_host(
+        (state.out, state.num_out, state.target_calls, state.accepted_hist)))
     wall = time.perf_counter() - t0
     return GenerateOutput(np.asarray(tokens), np.asarray(num),
                           _stats(plan, num, calls, hist, wall))
@@ -294,10 +305,12 @@ def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, dra
     key = jax.random.key(0) if key is None else key
     args = (model, plan.drafter, jnp.asarray(padded), jnp.asarray(lengths), key)
     statics = dict(settings=plan.settings, cache_len=plan.cache_len)
-    prefill_fn = _prefill_jit.lower(*args, **statics).compile()  # compile before the clock starts
-    state_shape = jax.eval_shape(functools.partial(prefill, **statics), *args)
-    step_fn = _step_jit.lower(model, plan.drafter, state_shape, settings=plan.settings,
-                              verifier=plan.verifier).compile()
+    with sharding.use_mesh(sharding.mesh_of(model)):  # a sharded model: traced for its mesh
+        prefill_fn = _prefill_jit.lower(*args, **statics).compile()  # compile before the clock starts
+        state_shape = sharding.abstract(jax.eval_shape(functools.partial(prefill, **statics), *args),
+                                        prefill_fn.output_shardings)
+        step_fn = _step_jit.lower(model, plan.drafter, state_shape, settings=plan.settings,
+                                  verifier=plan.verifier).compile()
     t0 = time.perf_counter()
     state = prefill_fn(*args)
     emitted = 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from specjax.convert.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
 from specjax.convert.hf import load_hf, save_hf
 from specjax.models import Model
+from specjax.sharding import shard
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -26,12 +27,15 @@ def resolve(path: str | os.PathLike) -> Path:
     return p
 
 
-def load(path: str | os.PathLike, dtype: str | None = None) -> Model:
-    """Load an HF folder, a specjax checkpoint, or a shipped model by name ('tiny')."""
+def load(path: str | os.PathLike, dtype: str | None = None, mesh=None) -> Model:
+    """Load an HF folder, a specjax checkpoint, or a shipped model by name ('tiny'); with a
+    `mesh` (jax.sharding.Mesh, axes 'data'/'model'), laid out on it as `sj.shard` does (a
+    specjax checkpoint is read straight into its shards)."""
     folder = resolve(path)
     if is_checkpoint(folder):
-        return load_checkpoint(folder)
-    return load_hf(folder, dtype=dtype)
+        return load_checkpoint(folder, mesh)
+    model = load_hf(folder, dtype=dtype)
+    return model if mesh is None else shard(model, mesh)
 
 
 def save(model: Model, path: str | os.PathLike, format: str = "specjax") -> None:

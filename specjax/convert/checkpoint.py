@@ -11,6 +11,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from pallas_kernels import QuantizedWeight
+from specjax import sharding
 from specjax.models import Model, ModelConfig, RopeScaling, init_params
 
 CONFIG_FILE = "specjax_config.json"
@@ -33,8 +34,9 @@ def save_checkpoint(model: Model, path: str | os.PathLike) -> None:
         json.dump(meta, f, indent=2)
 
 
-def load_checkpoint(path: str | os.PathLike) -> Model:
-    """Read a folder written by `save_checkpoint`."""
+def load_checkpoint(path: str | os.PathLike, mesh=None) -> Model:
+    """Read a folder written by `save_checkpoint` (on any mesh), onto `mesh` by the rules of
+    `specjax.sharding`, or onto one device."""
     folder = Path(path).absolute()
     with open(folder / CONFIG_FILE) as f:
         meta = json.load(f)
@@ -44,8 +46,10 @@ def load_checkpoint(path: str | os.PathLike) -> Model:
     if cfg.get("rope_scaling"):
         cfg["rope_scaling"] = RopeScaling(**cfg["rope_scaling"])
     config = ModelConfig(**cfg)
+    shapes = _abstract_params(config, meta.get("quantization"))
+    target = None if mesh is None else sharding.shardings(shapes, mesh, head_dim=config.head_dim)
     with ocp.StandardCheckpointer() as ckpt:
-        params = ckpt.restore(folder / "params", _abstract_params(config, meta.get("quantization")))
+        params = ckpt.restore(folder / "params", sharding.abstract(shapes, target))
     return Model(params, config)
 
 

@@ -1,5 +1,6 @@
 """`python -m specjax.train --config FILE [--steps N] [--out DIR] [--resume] [--set k=v ...]
-[--export DIR]`: train (resuming from DIR's latest checkpoint), or export it."""
+[--mesh D,M] [--distributed] [--export DIR]`: train (resuming from DIR's latest checkpoint),
+or export it. On several hosts, run the same command with --distributed on every host."""
 
 from __future__ import annotations
 
@@ -20,8 +21,17 @@ def main(argv=None) -> int:
                    help="override any config key, e.g. --set optim.lr=1e-3 (repeatable)")
     p.add_argument("--export", metavar="DIR",
                    help="do not train: write the run's latest checkpoint to DIR as an HF folder")
+    p.add_argument("--mesh", metavar="D,M",
+                   help="override train.mesh: D-way data parallel (FSDP) x M-way tensor parallel; "
+                        "D = -1 takes the remaining devices")
+    p.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() first (multi-host; see specjax.sharding)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    if args.distributed:
+        from specjax.sharding import initialize_distributed
+
+        initialize_distributed()  # before JAX touches a device
 
     overrides = {}
     for item in args.set:
@@ -33,6 +43,11 @@ def main(argv=None) -> int:
         overrides["train.steps"] = args.steps
     if args.out is not None:
         overrides["train.out"] = args.out
+    if args.mesh is not None:
+        try:
+            overrides["train.mesh"] = [int(n) for n in args.mesh.split(",")]
+        except ValueError:
+            p.error(f"--mesh expects D,M (two integers), got {args.mesh!r}")
     try:
         config = load_config(args.config, overrides)
     except (ValueError, FileNotFoundError, TypeError) as e:

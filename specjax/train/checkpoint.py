@@ -1,12 +1,14 @@
 """Orbax checkpoints of the whole training state: params, optimizer state, step and the data
-RNG state, so a killed run resumes exactly where its last save left it."""
+RNG state, so a killed run resumes exactly where its last save left it. Arrays are saved in
+their shards and restored into the shardings of the target (on any mesh)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import jax
 import orbax.checkpoint as ocp
+
+from specjax import sharding
 
 
 class Checkpointer:
@@ -29,11 +31,12 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def restore(self, target: dict, step: int | None = None) -> tuple[dict, dict]:
-        """(state shaped like `target`, meta) from `step` (default: the latest)."""
+        """(state shaped and sharded like `target`, meta) from `step` (default: the latest);
+        abstract leaves without a sharding land on the first local device."""
         step = self.manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.manager.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        abstract = sharding.abstract(target)
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
         return out.state, out.meta

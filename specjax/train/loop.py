@@ -1,13 +1,16 @@
 """The training loop: AdamW (warmup + cosine, clipping), a jitted step, periodic eval, logging
 and checkpoints. SIGINT/SIGTERM stop the run at a step boundary with a checkpoint; starting
 again with the same `out` resumes from the latest checkpoint (step, params, optimizer and
-data RNG state), so the resumed run draws the same batches a straight run would."""
+data RNG state), so the resumed run draws the same batches a straight run would. With
+`[train] mesh`, the same loop runs over a device mesh (see `init_state`), on one host or many
+(every process runs the same command and draws the same batches)."""
 
 from __future__ import annotations
 
 import functools
 import json
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -18,6 +21,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from specjax import sharding
 from specjax.train.checkpoint import Checkpointer
 from specjax.train.config import Config, OptimConfig, to_dict
 from specjax.train.data import WindowSampler, eval_windows, load_streams
@@ -39,9 +43,10 @@ def make_optimizer(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTr
 
 
 @functools.lru_cache(maxsize=8)
-def compiled_functions(objective, optim: OptimConfig, total_steps: int):
+def compiled_functions(objective, optim: OptimConfig, total_steps: int, head_dim: int | None = None):
     """(train_step, eval_loss, schedule), jitted once per setting so that repeated runs in one
-    process (resume, tests) reuse the compiled step."""
+    process (resume, tests) reuse the compiled step. Under a mesh (`jax.set_mesh`) the step
+    returns params and optimizer state in the layout `init_state` gives them."""
     optimizer, schedule = make_optimizer(optim, total_steps)
 
     @jax.jit
@@ -49,9 +54,24 @@ def compiled_functions(objective, optim: OptimConfig, total_steps: int):
         (_, metrics), grads = jax.value_and_grad(objective.loss_fn, has_aux=True)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         metrics["grad_norm"] = optax.tree.norm(grads)
-        return optax.apply_updates(params, updates), opt_state, metrics
+        state = sharding.constrain((optax.apply_updates(params, updates), opt_state), head_dim=head_dim, fsdp=True)
+        return *state, metrics
 
     return train_step, jax.jit(objective.loss_fn), schedule
+
+
+def init_state(objective, optimizer: optax.GradientTransformation, key: jax.Array, mesh=None,
+               head_dim: int | None = None) -> tuple:
+    """(params, opt_state); on a `mesh`, built straight into their shards: tensor parallel over
+    'model' and FSDP over 'data' (specjax.sharding; `head_dim` keeps attention heads whole)."""
+    def init(key):
+        params = objective.init(key)
+        return params, optimizer.init(params)
+
+    if mesh is None:
+        return init(key)
+    out = sharding.shardings(jax.eval_shape(init, key), mesh, head_dim=head_dim, fsdp=True)
+    return jax.jit(init, out_shardings=out)(key)
 
 
 class _StopFlag:
@@ -97,8 +117,12 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     sampler = WindowSampler(train_stream, config.data.seq_len + 1, tc.seed)
     val = eval_windows(val_stream, config.data.seq_len + 1, tc.eval_batches * tc.batch_size)
 
-    params = objective.init(jax.random.PRNGKey(tc.seed))
-    opt_state = make_optimizer(config.optim, tc.steps)[0].init(params)
+    mesh = sharding.make_mesh(tc.mesh) if tc.mesh else None
+    if mesh is not None and tc.batch_size % mesh.shape[sharding.DATA]:
+        raise ValueError(f"batch_size {tc.batch_size} does not split over the mesh's "
+                         f"{mesh.shape[sharding.DATA]}-way 'data' axis")
+    params, opt_state = init_state(objective, make_optimizer(config.optim, tc.steps)[0],
+                                   jax.random.PRNGKey(tc.seed), mesh, config.model.head_dim)
     ckpt = Checkpointer(out / "checkpoints", keep=tc.keep_checkpoints)
     step = 0
     if ckpt.latest_step() is not None:
@@ -108,10 +132,11 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     elif resume:
         raise FileNotFoundError(f"--resume: no checkpoint in {out / 'checkpoints'}")
     (out / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
-    log = MetricsLog(out / "metrics.jsonl")
+    primary = jax.process_index() == 0  # the other processes of a multi-host run log nothing
+    log = MetricsLog(out / "metrics.jsonl" if primary else os.devnull)
     n_params = sum(x.size for x in jax.tree.leaves(params))
 
-    train_step, eval_loss, schedule = compiled_functions(objective, config.optim, tc.steps)
+    train_step, eval_loss, schedule = compiled_functions(objective, config.optim, tc.steps, config.model.head_dim)
 
     def save():
         ckpt.save(step, {"params": params, "opt_state": opt_state},
@@ -126,12 +151,14 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
 
     last_train, last_val = {}, {}
     start_step, tokens_per_step = step, tc.batch_size * config.data.seq_len
-    bar = tqdm(total=tc.steps, initial=step, disable=not progress, dynamic_ncols=True,
+    bar = tqdm(total=tc.steps, initial=step, disable=not (progress and primary), dynamic_ncols=True,
                desc=f"{tc.objective} {n_params / 1e6:.2f}M")
     t_last, step_last = time.perf_counter(), step
     with _StopFlag() as stop:
         while step < tc.steps and stop.signum is None:
-            params, opt_state, metrics = train_step(params, opt_state, jnp.asarray(sampler.next(tc.batch_size)))
+            batch = sharding.shard_batch(mesh, sampler.next(tc.batch_size))
+            with sharding.use_mesh(mesh):  # traced for the mesh: the state keeps its layout
+                params, opt_state, metrics = train_step(params, opt_state, batch)
             step += 1
             bar.update(1)
             if step % tc.log_every == 0 or step == tc.steps:
@@ -155,6 +182,6 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     ckpt.close()
     if stop.signum is not None:
         print(f"stopped by signal {stop.signum} at step {step}; checkpoint saved in {out}")
-    if step == tc.steps:
+    if step == tc.steps and primary:
         plot_curves(out / "metrics.jsonl", out / "curve.png", title=f"{out.name} ({n_params / 1e6:.2f}M params)")
     return {"step": step, "train": last_train, "val": last_val, "params": params}

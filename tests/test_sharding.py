@@ -1,0 +1,52 @@
+"""specjax.sharding: the checks that need one device here, and tests/sharded (8 virtual CPU
+devices) in a subprocess, since XLA_FLAGS must be set before JAX starts and this process
+has started it already."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import sharding
+from specjax.train.__main__ import main as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_sharded_suite_on_8_cpu_devices():
+    if jax.device_count() >= 8:
+        pytest.skip("tests/sharded run in this process")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/sharded"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    report = run.stdout[-6000:] + run.stderr[-2000:]
+    assert run.returncode == 0, report
+    assert " passed" in report and "skipped" not in report, report
+
+
+def test_meshes_need_data_and_model_axes():
+    params = {"wq": np.zeros((4, 4), np.float32)}
+    with pytest.raises(ValueError, match="name their axes 'data' and/or 'model'"):
+        sj.shard(params, jax.make_mesh((1,), ("x",)))
+    with pytest.raises(TypeError, match="expected a jax.sharding.Mesh"):
+        sj.shard(params, (1, 1))
+    n = jax.device_count()
+    with pytest.raises(ValueError, match=rf"needs {2 * n} devices; there are {n}"):
+        sharding.make_mesh((n, 2))
+    with pytest.raises(ValueError, match=r"a mesh shape is \[data, model\]"):
+        sharding.make_mesh((1, 1, 1))
+    assert dict(sharding.make_mesh((-1, 1)).shape) == {"data": n, "model": 1}
+
+
+def test_cli_mesh_flag_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli(["--config", str(tmp_path / "c.toml"), "--mesh", "two,four"])
+    assert "--mesh expects D,M" in capsys.readouterr().err
