@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 import specjax as sj
-from specjax.drafters import Eagle, Medusa
+from specjax.drafters import PPD, Clover, Eagle, HiddenTransfer, Medusa
 from specjax.train.corpus import list_files, read_text, resolve_root
 from specjax.train.tokenizer import load_tokenizer
 
@@ -24,7 +24,13 @@ drafters = {"ar": None,
             "medusa, 8 nodes (named 'medusa')": Medusa.load("tiny", tree_size=8),
             "medusa, shipped tree (24 nodes)": Medusa.load("tiny"),
             "eagle, 8 nodes (named 'eagle')": Eagle.load("tiny", target=target, top_k=4, depth=4, total_tokens=8),
-            "eagle, shipped tree (32 nodes)": Eagle.load("tiny", target=target)}
+            "eagle, shipped tree (32 nodes)": Eagle.load("tiny", target=target),
+            "clover, 8 nodes (named 'clover')": Clover.load("tiny", target=target, tree_size=8),
+            "clover, shipped tree (24 nodes)": Clover.load("tiny", target=target),
+            "ppd, 8 nodes + 8 guesses (named 'ppd')": PPD.load("tiny"),
+            "ppd, 16 nodes + 24 guesses": PPD.load("tiny", tree_size=16, guess_budget=24),
+            "hidden-transfer, 8 nodes + 8 guesses (named)": HiddenTransfer.load("tiny"),
+            "hidden-transfer, 16 nodes + 24 guesses": HiddenTransfer.load("tiny", tree_size=16, guess_budget=24)}
 print("| drafter | tau | acceptance per depth | tokens equal to AR |")
 print("|---|---|---|---|")
 ref = None

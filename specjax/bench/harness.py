@@ -120,6 +120,8 @@ class _Method:
         if self.kind == "specjax":
             self.drafter = named_drafter(name, model, draft)
             self.nodes = 1 if self.drafter is None else self.drafter.num_nodes
+            layout = getattr(self.drafter, "layout", None)  # PPD / Hidden Transfer guess positions
+            self.nodes = f"{self.nodes}+{layout.size}" if layout is not None else self.nodes
         elif self.kind == "adaptive":
             base, ks = ADAPTIVE[name]
             self.adaptive = adaptive.Adaptive(named_drafter(base, model, draft), ks=ks)

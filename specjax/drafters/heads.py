@@ -155,9 +155,41 @@ def medusa_tree(accuracy: tuple[tuple[float, ...], ...], num_nodes: int) -> tupl
     return np.asarray(parents, np.int32), np.asarray(rank, np.int32)
 
 
+class SparseTree:
+    """For drafters of Medusa's static sparse tree (Medusa, Clover): `tree_size` nodes from
+    the per-depth per-rank `accuracy` table (dataclass fields), or from a geometric prior over
+    `_prior_depth` depths when accuracy is None."""
+
+    def __post_init__(self):
+        if not isinstance(self.tree_size, int) or self.tree_size < 2:
+            raise ValueError(f"tree_size must be an integer >= 2, got {self.tree_size!r}")
+        if self.accuracy is not None:
+            acc = tuple(tuple(float(a) for a in row) for row in self.accuracy)
+            if not acc or not acc[0] or len({len(row) for row in acc}) != 1:
+                raise ValueError("accuracy must be a non-empty [depth][rank] table with rows of equal length")
+            object.__setattr__(self, "accuracy", acc)
+
+    @property
+    def _prior_depth(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def _template(self) -> tuple[np.ndarray, np.ndarray]:
+        acc = self.accuracy if self.accuracy is not None else _default_accuracy(self._prior_depth)
+        return medusa_tree(acc, self.tree_size)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree_size
+
+    @property
+    def max_depth(self) -> int:
+        return int(template_depth(self._template[0]).max())
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Medusa(Drafter):
+class Medusa(SparseTree, Drafter):
     """Medusa heads (see `specjax.heads.medusa`) drafting a static sparse tree of `tree_size`
     nodes built from the per-head per-rank accuracies `accuracy` ([K][R], measured on held-out
     text by the trainer; a geometric prior when None). State: the target's final normed hidden
@@ -170,29 +202,9 @@ class Medusa(Drafter):
 
     name = "medusa"
 
-    def __post_init__(self):
-        if not isinstance(self.tree_size, int) or self.tree_size < 2:
-            raise ValueError(f"tree_size must be an integer >= 2, got {self.tree_size!r}")
-        if self.accuracy is not None:
-            acc = tuple(tuple(float(a) for a in row) for row in self.accuracy)
-            object.__setattr__(self, "accuracy", acc)
-
     @property
-    def _accuracy(self):
-        return self.accuracy if self.accuracy is not None else _default_accuracy(
-            medusa_head.num_heads(self.params))
-
-    @property
-    def _template(self):
-        return medusa_tree(self._accuracy, self.tree_size)
-
-    @property
-    def num_nodes(self) -> int:
-        return self.tree_size
-
-    @property
-    def max_depth(self) -> int:
-        return int(template_depth(self._template[0]).max())
+    def _prior_depth(self) -> int:
+        return medusa_head.num_heads(self.params)
 
     def default_verifier(self, sampling):
         return verify.Greedy() if sampling.greedy else verify.TopK()

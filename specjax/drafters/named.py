@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Callable
 
 from specjax.drafters.base import Drafter
+from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.heads import Eagle, Medusa
 from specjax.drafters.lookahead import Lookahead
+from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.recycling import TokenRecycling
 from specjax.models import Model
@@ -39,6 +41,9 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "recycling": lambda target: TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)),
     "medusa": lambda target: Medusa.load("tiny", tree_size=8),
     "eagle": lambda target: Eagle.load("tiny", target=target, top_k=4, depth=4, total_tokens=8),
+    "clover": lambda target: Clover.load("tiny", target=target, tree_size=8),
+    "ppd": lambda target: PPD.load("tiny", tree_size=8, guess_budget=8),
+    "hidden-transfer": lambda target: HiddenTransfer.load("tiny", tree_size=8, guess_budget=8),
 }
 
 

@@ -1,7 +1,8 @@
-"""Draft heads that read the target's hidden states: Medusa (parallel ResBlock heads) and EAGLE
-(a one-layer feature-level autoregressive draft, versions 1 and 3). Pure init/apply functions
-over params dicts; the drafters that use them live in `specjax.drafters.heads`."""
+"""Draft heads that read the target's hidden states: Medusa (parallel ResBlock heads), Clover
+(sequentially dependent heads after an augmenting block) and EAGLE (a one-layer feature-level
+autoregressive draft, versions 1 and 3). Pure init/apply functions over params dicts; the
+drafters that use them live in `specjax.drafters`."""
 
-from specjax.heads import eagle, medusa
+from specjax.heads import clover, eagle, medusa
 
-__all__ = ["eagle", "medusa"]
+__all__ = ["clover", "eagle", "medusa"]

@@ -171,12 +171,9 @@ def step(cfg: EagleConfig, params: dict, emb: jax.Array, feat: jax.Array, positi
 
 
 def write(cache: KVCache, k_new: jax.Array, v_new: jax.Array) -> KVCache:
-    """Write T new entries at slots [lengths, lengths + T) of each row (lengths unchanged)."""
-    b, t = k_new.shape[:2]
-    rows = jnp.arange(b)[:, None]
-    slots = cache.lengths[:, None] + jnp.arange(t)[None, :]
-    put = lambda buf, new: buf.at[0, rows, slots].set(new.astype(buf.dtype), mode="drop")
-    return cache._replace(k=put(cache.k, k_new), v=put(cache.v, v_new))
+    """Write T new entries [B,T,KV,hd] at slots [lengths, lengths + T) of each row (lengths
+    unchanged)."""
+    return cache.write(k_new[None], v_new[None])
 
 
 def init_cache(cfg: EagleConfig, batch: int, max_len: int) -> KVCache:

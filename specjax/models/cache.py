@@ -31,6 +31,14 @@ class KVCache(NamedTuple):
     def max_len(self) -> int:
         return self.k.shape[2]
 
+    def write(self, k_new: jax.Array, v_new: jax.Array) -> KVCache:
+        """Write T new entries k_new, v_new [L, B, T, KV, hd] at slots [lengths, lengths + T) of
+        each row (slots past the end are dropped; lengths unchanged)."""
+        rows = jnp.arange(k_new.shape[1])[:, None]
+        slots = self.lengths[:, None] + jnp.arange(k_new.shape[2])[None, :]
+        put = lambda buf, new: buf.at[:, rows, slots].set(new.astype(buf.dtype), mode="drop")
+        return self._replace(k=put(self.k, k_new), v=put(self.v, v_new))
+
     def advance(self, n: jax.Array) -> "KVCache":
         """Commit the first n[b] freshly written entries of each row, in place."""
         return self._replace(lengths=self.lengths + n.astype(jnp.int32))

@@ -37,7 +37,10 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The loop: length, batch, cadence of logs, evals and checkpoints."""
+    """The loop: length, batch, cadence of logs, evals and checkpoints, and the device mesh:
+    `mesh = [data, model]` (data may be -1: the remaining devices) splits the batch over
+    'data' and the trained parameters and optimizer state over both axes (FSDP over 'data',
+    tensor parallel over 'model'); empty: one device."""
 
     out: str
     steps: int = 1000
@@ -49,27 +52,33 @@ class TrainConfig:
     eval_batches: int = 8
     save_every: int = 100
     keep_checkpoints: int = 2
+    mesh: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadsConfig:
-    """Draft-head training (objectives medusa1, medusa2, eagle, eagle3; see
+    """Draft-head training (objectives medusa1, medusa2, eagle, eagle3, clover, ppd, hidden-transfer; see
     specjax/train/head_objectives.py). [model] is then the target's config."""
 
     target: str = "tiny"  # the frozen target: a folder, a shipped name, or "random" (tests)
-    num_heads: int = 4  # Medusa heads
+    num_heads: int = 4  # Medusa heads / Clover heads trained (head 0 and num_heads - 1 RNN steps)
     num_layers: int = 1  # ResBlocks per Medusa head
     own_lm_head: bool = False  # Medusa: a W2 per head (True) or the target's LM head (False)
-    decay: float = 0.8  # weight 0.8^k of head k / TTT step k
+    decay: float = 0.8  # weight decay^k of head k / TTT step k (Clover-2: 0.7)
     heads_coefficient: float = 0.2  # Medusa-2: weight of the head losses next to the LM loss
     lr_multiplier: float = 4.0  # Medusa-2: the heads' learning-rate multiplier
     ttt_steps: int = 1  # EAGLE: draft steps unrolled in training (EAGLE-3: 3 or more)
     target_layers: tuple[int, ...] = ()  # EAGLE-3 taps (default: EAGLE-3's rule)
     intermediate_size: int = 0  # EAGLE layer's MLP width (0: the target's)
-    feature_weight: float = 1.0  # EAGLE-1: SmoothL1 feature regression weight
-    ce_weight: float = 0.1  # EAGLE-1: cross-entropy to the target's distribution weight
+    feature_weight: float = 1.0  # EAGLE-1 / Clover: SmoothL1 feature regression weight (Clover-2: 10)
+    ce_weight: float = 0.1  # EAGLE-1 / Clover: cross-entropy to the target's distribution (Clover-2: 1)
     noise: float = 0.1  # EAGLE-1: uniform input-feature noise U(-noise, noise)
-    tree_size: int = 16  # exported Medusa tree size
+    num_guesses: int = 3  # PPD prompt tokens / Hidden Transfer offsets
+    ensemble: int = 1  # PPD: virtual tokens per prompt token (ensemble prompt tokens)
+    transfer_layer: int = 0  # Hidden Transfer: the layer pseudo states enter (0: the middle one)
+    guess_budget: int = 8  # PPD / Hidden Transfer: exported guess positions per verify pass
+    block_layers: int = 2  # Clover: decoder layers of the Augmenting Block
+    tree_size: int = 16  # exported Medusa / Clover / PPD / Hidden Transfer tree size
     top_k: int = 6  # exported EAGLE-2 tree settings
     depth: int = 5
     total_tokens: int = 32
@@ -129,7 +138,7 @@ def from_dict(raw: dict) -> Config:
                    and spec.default_factory is dataclasses.MISSING]
         if missing:
             raise ValueError(f"missing key(s) in [{name}]: {', '.join(missing)}")
-        for key in ("held_out", "target_layers"):
+        for key in ("held_out", "target_layers", "mesh"):
             if key in values:
                 values[key] = tuple(values[key])
         built[name] = cls(**values)

@@ -1,0 +1,237 @@
+"""Drafters that draft inside the verify pass: PPD (trained prompt tokens) and Hidden Transfer
+(pseudo hidden states from an intermediate layer). Both hang guess positions from the tree's
+nodes (`specjax.heads.guesses`); the guesses of the last accepted node give the next tree: a
+static sparse tree (Medusa's construction from per-guess per-rank accuracies) whose depth-d
+nodes are the best tokens of guess d, cut at the depth that node had guesses for.
+
+Which nodes get how many guesses is PPD's hardware-aware dynamic sparse tree, decided once per
+template: `guess_budget` positions go where they pay most (`guesses.allocate`); choose the
+budget, like the tree size, from the hardware's verify cost per input length (see
+benchmarks/). The first step after the prefill has no guesses yet and verifies the root alone.
+
+Trees are deterministic (q = None): Greedy is exact at temperature 0 and TopK when sampling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.drafters.base import Context, Drafter, template_depth
+from specjax.drafters.heads import (
+    DEFAULT_RANKS,
+    HEAD_JSON,
+    HEAD_WEIGHTS,
+    _read_tensors,
+    _resolve,
+    _save,
+    _unflatten,
+    medusa_tree,
+)
+from specjax.heads import hidden_transfer as ht_head
+from specjax.heads import ppd as ppd_head
+from specjax.heads.guesses import GuessLayout, allocate
+from specjax.models import Model
+from specjax.tree import DraftTree
+
+
+def _guess_prior(num_guesses: int, ranks: int = DEFAULT_RANKS) -> tuple[tuple[float, ...], ...]:
+    """A prior when nothing was measured: guess k's rank-r token is right with probability
+    0.4 * 0.6^k * 0.5^r (so about 1 time in 5 none of a depth's ranks is)."""
+    return tuple(tuple(0.4 * 0.6 ** k * 0.5 ** r for r in range(ranks)) for k in range(num_guesses))
+
+
+@functools.lru_cache(maxsize=64)
+def _template_plan(accuracy: tuple, tree_size: int, budget: int, members: int):
+    """(parents, rank, depth, layout) of a template."""
+    parents, rank = medusa_tree(accuracy, tree_size)
+    counts = allocate(parents, rank, accuracy, budget, len(accuracy), members)
+    return parents, rank, template_depth(parents), GuessLayout.build(counts, len(accuracy), members)
+
+
+@dataclasses.dataclass(frozen=True)
+class _GuessDrafter(Drafter):
+    """Shared by PPD and HiddenTransfer. State: the last accepted node's guesses, as their
+    best tokens int32[B, K, R], and how many of them it had, int32[B]."""
+
+    params: dict
+    tree_size: int = dataclasses.field(default=8, metadata=dict(static=True))
+    guess_budget: int = dataclasses.field(default=8, metadata=dict(static=True))
+    accuracy: tuple | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    kind = ""  # the checkpoint kind and shipped folder suffix
+
+    def __post_init__(self):
+        for n in ("tree_size", "guess_budget"):
+            if not isinstance(getattr(self, n), int) or getattr(self, n) < 1:
+                raise ValueError(f"{n} must be an integer >= 1, got {getattr(self, n)!r}")
+        if self.tree_size < 2:
+            raise ValueError(f"tree_size must be >= 2, got {self.tree_size}")
+        if self.guess_budget < self.members:
+            raise ValueError(f"guess_budget={self.guess_budget} cannot hold one guess of "
+                             f"{self.members} ensemble members")
+        if self.accuracy is not None:
+            acc = tuple(tuple(float(a) for a in row) for row in self.accuracy)
+            if len(acc) != self.num_guesses:
+                raise ValueError(f"accuracy has {len(acc)} rows for {self.num_guesses} guesses")
+            object.__setattr__(self, "accuracy", acc)
+
+    # ---- what subclasses define ----------------------------------------------------------------
+
+    @property
+    def num_guesses(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def members(self) -> int:
+        return 1
+
+    @property
+    def layer(self) -> int:
+        """The decoder layer the guesses enter before."""
+        raise NotImplementedError
+
+    def _make(self, layout: GuessLayout):
+        raise NotImplementedError
+
+    def _meta(self) -> dict:
+        return {}
+
+    # ---- the tree ------------------------------------------------------------------------------
+
+    @property
+    def _plan(self):
+        acc = self.accuracy if self.accuracy is not None else _guess_prior(self.num_guesses)
+        return _template_plan(acc, self.tree_size, self.guess_budget, self.members)
+
+    @property
+    def layout(self) -> GuessLayout:
+        return self._plan[3]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree_size
+
+    @property
+    def max_depth(self) -> int:
+        return int(self._plan[2].max())
+
+    def check(self, target: Model) -> None:
+        e = self.params[next(iter(self.params))].shape[-1]
+        if e != target.config.hidden_size:
+            raise ValueError(f"{self.name} weights are for hidden size {e}, but the target has hidden "
+                             f"size {target.config.hidden_size}")
+
+    def init(self, target, prompts, lengths, cache_len):
+        b, ranks = prompts.shape[0], int(self._plan[1].max()) + 1
+        return {"guesses": jnp.zeros((b, self.num_guesses, ranks), jnp.int32),
+                "count": jnp.zeros((b,), jnp.int32)}
+
+    def propose(self, state, ctx: Context, key):
+        parents, rank, depth, _ = self._plan
+        d = np.maximum(depth[1:] - 1, 0)
+        drafted = state["guesses"][:, d, np.maximum(rank[1:], 0)]  # [B, N-1]
+        tokens = jnp.concatenate([ctx.root[:, None], drafted], axis=1)
+        valid = jnp.asarray(depth)[None, :] <= state["count"][:, None]
+        return DraftTree.build(tokens, parents, valid=valid, max_depth=self.max_depth), state
+
+    def injection(self, state, tree, positions):
+        return self.layout.injection(self.layer, self._make(self.layout), tree.ancestors, positions)
+
+    def update(self, state, ctx, tree, verdict, target_out):
+        last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]
+        logits, count = self.layout.logits_at(target_out.logits[:, tree.num_nodes:], last)
+        top = jax.lax.top_k(logits, state["guesses"].shape[2])[1].astype(jnp.int32)
+        return {"guesses": top, "count": count}
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def save(self, folder) -> None:
+        """Write the specjax format: head.json + head.safetensors."""
+        _save(folder, self.kind, self.params, {"tree_size": self.tree_size, "guess_budget": self.guess_budget,
+                                               "accuracy": self.accuracy, **self._meta()})
+
+    @classmethod
+    def load(cls, path, **settings):
+        """A specjax head folder or 'tiny' (the heads shipped for the tiny target)."""
+        p = _resolve(path, f"tiny-{cls.kind}")
+        if not (p / HEAD_JSON).is_file():
+            raise FileNotFoundError(f"{p}: no {HEAD_JSON} (a {cls.kind} head folder holds {HEAD_JSON} "
+                                    f"and {HEAD_WEIGHTS})")
+        meta = json.loads((p / HEAD_JSON).read_text())
+        if meta.get("kind") != cls.kind:
+            raise ValueError(f"{p} holds a {meta.get('kind')!r} head, not {cls.kind}")
+        meta["accuracy"] = tuple(map(tuple, meta["accuracy"])) if meta.get("accuracy") else None
+        kw = {k: v for k, v in meta.items() if k != "kind"}
+        return cls(_unflatten(_read_tensors(p / HEAD_WEIGHTS, False)), **{**kw, **settings})
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PPD(_GuessDrafter):
+    """Parallel Prompt Decoding: trained prompt tokens (see `specjax.heads.ppd`) appended to
+    the tree's nodes in the verify pass."""
+
+    name = "ppd"
+    kind = "ppd"
+
+    @property
+    def num_guesses(self) -> int:
+        return ppd_head.shape(self.params)[0]
+
+    @property
+    def members(self) -> int:
+        return ppd_head.shape(self.params)[1]
+
+    @property
+    def layer(self) -> int:
+        return 0
+
+    def _make(self, layout):
+        return ppd_head.make(self.params, layout)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HiddenTransfer(_GuessDrafter):
+    """Hidden Transfer: pseudo hidden states made at `transfer_layer` from each node's state
+    (see `specjax.heads.hidden_transfer`), finished by the target's later layers in the verify
+    pass."""
+
+    transfer_layer: int = dataclasses.field(default=1, metadata=dict(static=True))
+
+    name = "hidden-transfer"
+    kind = "hidden-transfer"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.transfer_layer, int) or self.transfer_layer < 1:
+            raise ValueError(f"transfer_layer must be an integer >= 1, got {self.transfer_layer!r}")
+
+    @property
+    def num_guesses(self) -> int:
+        return ht_head.shape(self.params)[0]
+
+    @property
+    def layer(self) -> int:
+        return self.transfer_layer
+
+    def check(self, target: Model) -> None:
+        super().check(target)
+        if self.transfer_layer >= target.config.num_layers:
+            raise ValueError(f"transfer_layer={self.transfer_layer} must be below the target's "
+                             f"{target.config.num_layers} layers")
+
+    def _make(self, layout):
+        return ht_head.make(self.params, layout)
+
+    def _meta(self) -> dict:
+        return {"transfer_layer": self.transfer_layer}
+
+
+__all__ = ["PPD", "HiddenTransfer"]
