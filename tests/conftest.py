@@ -44,6 +44,17 @@ def make_hf_model(name: str, folder, seed: int = 0):
     return model
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_code():
+    """Drop JAX's compiled executables after each test module. XLA:CPU maps every executable's
+    code separately, and the suite's thousands of compilations otherwise run past the kernel's
+    limit on memory mappings (vm.max_map_count, 65530 by default): the compiler then segfaults."""
+    yield
+    import jax
+
+    jax.clear_caches()
+
+
 @pytest.fixture(scope="session")
 def hf_family(tmp_path_factory):
     """name -> (transformers model, saved folder), built once per session."""
