@@ -216,12 +216,8 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
     hidden = rms_norm(x, params["norm"], c.rms_norm_eps)
     logits = lm_head(config, params, hidden) if compute_logits else None
-    new_cache = None
-    if cache is not None:  # one scatter of every layer's new entries at slots [lengths, lengths + T)
-        rows = jnp.arange(b)[:, None]
-        slots = lengths[:, None] + jnp.arange(t)[None, :]
-        write = lambda buf, new: buf.at[:, rows, slots].set(new.astype(buf.dtype), mode="drop")
-        new_cache = cache._replace(k=write(cache.k, k_new[:, :, :t]), v=write(cache.v, v_new[:, :, :t]))
+    # one scatter of every layer's new entries (not the injected ones) at slots [lengths, lengths + T)
+    new_cache = None if cache is None else cache.write(k_new[:, :, :t], v_new[:, :, :t])
     return ForwardOutput(logits, hidden, layer_hidden, new_cache)
 
 
