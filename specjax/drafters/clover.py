@@ -31,7 +31,7 @@ from specjax.drafters.heads import (
 )
 from specjax.heads import clover as clover_head
 from specjax.heads.clover import CloverConfig
-from specjax.models import Model
+from specjax.models import Model, lm_head_weight
 from specjax.tree import DraftTree
 
 
@@ -85,7 +85,7 @@ class Clover(SparseTree, Drafter):
         p = target.params
         state = {"cache": clover_head.init_cache(cfg, b, cache_len),
                  "feats": jnp.zeros((b, self.max_depth + 1, cfg.hidden_size), jnp.float32),
-                 "embed": p["embed"], "head": p["embed"].T if target.config.tie_word_embeddings else p["lm_head"]}
+                 "embed": p["embed"], "head": lm_head_weight(target.config, p)}
         if prefill is None:
             return state
         f = prefill.layer_hidden[0].astype(jnp.float32)  # [B, T-1, E], positions 0..T-2

@@ -32,7 +32,7 @@ from specjax.drafters.base import Context, Drafter, template_depth
 from specjax.heads import eagle as eagle_head
 from specjax.heads import medusa as medusa_head
 from specjax.heads.eagle import EagleConfig
-from specjax.models import Model
+from specjax.models import Model, lm_head_weight
 from specjax.tree import DraftTree
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -156,9 +156,10 @@ def medusa_tree(accuracy: tuple[tuple[float, ...], ...], num_nodes: int) -> tupl
 
 
 class SparseTree:
-    """For drafters of Medusa's static sparse tree (Medusa, Clover): `tree_size` nodes from
-    the per-depth per-rank `accuracy` table (dataclass fields), or from a geometric prior over
-    `_prior_depth` depths when accuracy is None."""
+    """For drafters of Medusa's static sparse tree (Medusa, Clover, PPD, Hidden Transfer):
+    `tree_size` nodes from the per-depth per-rank `accuracy` table (dataclass fields), or from
+    the `_prior` table (by default a geometric prior over `_prior_depth` depths) when accuracy
+    is None."""
 
     def __post_init__(self):
         if not isinstance(self.tree_size, int) or self.tree_size < 2:
@@ -174,9 +175,16 @@ class SparseTree:
         raise NotImplementedError
 
     @property
+    def _prior(self) -> tuple[tuple[float, ...], ...]:
+        return _default_accuracy(self._prior_depth)
+
+    @property
+    def _accuracy(self) -> tuple[tuple[float, ...], ...]:
+        return self.accuracy if self.accuracy is not None else self._prior
+
+    @property
     def _template(self) -> tuple[np.ndarray, np.ndarray]:
-        acc = self.accuracy if self.accuracy is not None else _default_accuracy(self._prior_depth)
-        return medusa_tree(acc, self.tree_size)
+        return medusa_tree(self._accuracy, self.tree_size)
 
     @property
     def num_nodes(self) -> int:
@@ -224,7 +232,7 @@ class Medusa(SparseTree, Drafter):
         state = {"hidden": jnp.zeros((b, e), jnp.float32)}
         if "w2" not in self.params:  # heads that share the target's LM head carry it
             p = target.params
-            state["head"] = p["embed"].T if target.config.tie_word_embeddings else p["lm_head"]
+            state["head"] = lm_head_weight(target.config, p)
         if prefill is not None:
             h = jnp.take_along_axis(prefill.hidden, jnp.maximum(lengths - 2, 0)[:, None, None], axis=1)[:, 0]
             state["hidden"] = jnp.where((lengths >= 2)[:, None], h.astype(jnp.float32), 0.0)
@@ -377,7 +385,7 @@ class Eagle(Drafter):
         p = target.params
         out = {"embed": p["embed"]}
         if self.config.version == 1:
-            out["head"] = p["embed"].T if target.config.tie_word_embeddings else p["lm_head"]
+            out["head"] = lm_head_weight(target.config, p)
         return out
 
     def _feature(self, hidden, layer_hidden):

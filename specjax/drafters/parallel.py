@@ -27,6 +27,7 @@ from specjax.drafters.heads import (
     DEFAULT_RANKS,
     HEAD_JSON,
     HEAD_WEIGHTS,
+    SparseTree,
     _read_tensors,
     _resolve,
     _save,
@@ -47,15 +48,15 @@ def _guess_prior(num_guesses: int, ranks: int = DEFAULT_RANKS) -> tuple[tuple[fl
 
 
 @functools.lru_cache(maxsize=64)
-def _template_plan(accuracy: tuple, tree_size: int, budget: int, members: int):
-    """(parents, rank, depth, layout) of a template."""
+def _guess_layout(accuracy: tuple, tree_size: int, budget: int, members: int) -> GuessLayout:
+    """The guess positions of the sparse tree built from `accuracy`."""
     parents, rank = medusa_tree(accuracy, tree_size)
     counts = allocate(parents, rank, accuracy, budget, len(accuracy), members)
-    return parents, rank, template_depth(parents), GuessLayout.build(counts, len(accuracy), members)
+    return GuessLayout.build(counts, len(accuracy), members)
 
 
 @dataclasses.dataclass(frozen=True)
-class _GuessDrafter(Drafter):
+class _GuessDrafter(SparseTree, Drafter):
     """Shared by PPD and HiddenTransfer. State: the last accepted node's guesses, as their
     best tokens int32[B, K, R], and how many of them it had, int32[B]."""
 
@@ -67,19 +68,14 @@ class _GuessDrafter(Drafter):
     kind = ""  # the checkpoint kind and shipped folder suffix
 
     def __post_init__(self):
-        for n in ("tree_size", "guess_budget"):
-            if not isinstance(getattr(self, n), int) or getattr(self, n) < 1:
-                raise ValueError(f"{n} must be an integer >= 1, got {getattr(self, n)!r}")
-        if self.tree_size < 2:
-            raise ValueError(f"tree_size must be >= 2, got {self.tree_size}")
+        super().__post_init__()
+        if not isinstance(self.guess_budget, int) or self.guess_budget < 1:
+            raise ValueError(f"guess_budget must be an integer >= 1, got {self.guess_budget!r}")
         if self.guess_budget < self.members:
             raise ValueError(f"guess_budget={self.guess_budget} cannot hold one guess of "
                              f"{self.members} ensemble members")
-        if self.accuracy is not None:
-            acc = tuple(tuple(float(a) for a in row) for row in self.accuracy)
-            if len(acc) != self.num_guesses:
-                raise ValueError(f"accuracy has {len(acc)} rows for {self.num_guesses} guesses")
-            object.__setattr__(self, "accuracy", acc)
+        if self.accuracy is not None and len(self.accuracy) != self.num_guesses:
+            raise ValueError(f"accuracy has {len(self.accuracy)} rows for {self.num_guesses} guesses")
 
     # ---- what subclasses define ----------------------------------------------------------------
 
@@ -105,21 +101,12 @@ class _GuessDrafter(Drafter):
     # ---- the tree ------------------------------------------------------------------------------
 
     @property
-    def _plan(self):
-        acc = self.accuracy if self.accuracy is not None else _guess_prior(self.num_guesses)
-        return _template_plan(acc, self.tree_size, self.guess_budget, self.members)
+    def _prior(self):
+        return _guess_prior(self.num_guesses)
 
     @property
     def layout(self) -> GuessLayout:
-        return self._plan[3]
-
-    @property
-    def num_nodes(self) -> int:
-        return self.tree_size
-
-    @property
-    def max_depth(self) -> int:
-        return int(self._plan[2].max())
+        return _guess_layout(self._accuracy, self.tree_size, self.guess_budget, self.members)
 
     def check(self, target: Model) -> None:
         e = self.params[next(iter(self.params))].shape[-1]
@@ -128,12 +115,13 @@ class _GuessDrafter(Drafter):
                              f"size {target.config.hidden_size}")
 
     def init(self, target, prompts, lengths, cache_len):
-        b, ranks = prompts.shape[0], int(self._plan[1].max()) + 1
+        b, ranks = prompts.shape[0], int(self._template[1].max()) + 1
         return {"guesses": jnp.zeros((b, self.num_guesses, ranks), jnp.int32),
                 "count": jnp.zeros((b,), jnp.int32)}
 
     def propose(self, state, ctx: Context, key):
-        parents, rank, depth, _ = self._plan
+        parents, rank = self._template
+        depth = template_depth(parents)
         d = np.maximum(depth[1:] - 1, 0)
         drafted = state["guesses"][:, d, np.maximum(rank[1:], 0)]  # [B, N-1]
         tokens = jnp.concatenate([ctx.root[:, None], drafted], axis=1)

@@ -74,17 +74,18 @@ class GuessLayout:
         return logits, jnp.asarray(self.counts)[node]
 
 
-def node_values(parents: np.ndarray, rank: np.ndarray, accuracy) -> np.ndarray:
-    """The estimated acceptance probability of each node of a template whose node i is the
-    rank[i]-best guess for its depth: prod of accuracy[depth - 1][rank] along the path (each
-    depth's accuracies scaled to sum to at most 1, as probabilities of disjoint events do)."""
+def _node_values(parents: np.ndarray, rank: np.ndarray, accuracy) -> tuple[np.ndarray, np.ndarray]:
+    """(value, depth) of each node of a template whose node i is the rank[i]-best guess for its
+    depth. value: the estimated acceptance probability, prod of accuracy[depth - 1][rank] along
+    the path (each depth's accuracies scaled to sum to at most 1, as probabilities of disjoint
+    events do)."""
     accuracy = [np.asarray(row, np.float64) / max(1.0, float(np.sum(row))) for row in accuracy]
     value = np.ones(len(parents))
     depth = np.zeros(len(parents), np.int32)
     for i in range(1, len(parents)):
         depth[i] = depth[parents[i]] + 1
         value[i] = value[parents[i]] * accuracy[depth[i] - 1][rank[i]]
-    return value
+    return value, depth
 
 
 def allocate(parents: np.ndarray, rank: np.ndarray, accuracy, budget: int, num_guesses: int,
@@ -93,13 +94,10 @@ def allocate(parents: np.ndarray, rank: np.ndarray, accuracy, budget: int, num_g
     they pay most. Giving node v its j-th guess is worth P(v is the last accepted node) times
     the expected tokens the next tree accepts at depth j (its depth-j node values); the worth
     drops with j, so a greedy pick gives every node a prefix 1..counts[v]."""
-    value = node_values(parents, rank, accuracy)
+    value, depth = _node_values(parents, rank, accuracy)
     child_sum = np.zeros(len(parents))
     np.add.at(child_sum, parents[1:], value[1:])
     last = np.maximum(value - child_sum, 0.0)
-    depth = np.zeros(len(parents), np.int32)
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
     gain = [value[depth == j].sum() for j in range(1, num_guesses + 1)]
     offers = sorted(((-last[v] * gain[j - 1], v, j) for v in range(len(parents))
                      for j in range(1, num_guesses + 1)), key=lambda o: (o[0], o[2], o[1]))
@@ -112,4 +110,4 @@ def allocate(parents: np.ndarray, rank: np.ndarray, accuracy, budget: int, num_g
     return counts
 
 
-__all__ = ["GuessLayout", "allocate", "node_values"]
+__all__ = ["GuessLayout", "allocate"]

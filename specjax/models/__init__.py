@@ -8,7 +8,8 @@ import jax
 
 from specjax.models.cache import KVCache
 from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
-from specjax.models.llama import ForwardOutput, Injection, forward, init_params, lm_head, param_shapes
+from specjax.models.llama import (ForwardOutput, Injection, forward, init_params, lm_head, lm_head_weight,
+                                  param_shapes)
 
 
 @jax.tree_util.register_dataclass
@@ -29,4 +30,4 @@ class Model:
 
 
 __all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "Injection", "forward",
-           "init_params", "lm_head", "param_shapes", "SUPPORTED_MODEL_TYPES"]
+           "init_params", "lm_head", "lm_head_weight", "param_shapes", "SUPPORTED_MODEL_TYPES"]

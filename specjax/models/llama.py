@@ -221,9 +221,14 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     return ForwardOutput(logits, hidden, layer_hidden, new_cache)
 
 
+def lm_head_weight(config: ModelConfig, params: dict):
+    """The LM head matrix [E, V]: the transposed embedding when tied."""
+    return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+
+
 def lm_head(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Final-normed hidden [..., E] -> float32 logits [..., V]."""
-    w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    w = lm_head_weight(config, params)
     if not isinstance(w, QuantizedWeight):
         w = w.astype(hidden.dtype)
     return dense(hidden, w, out_dtype=jnp.float32)

@@ -38,7 +38,7 @@ from specjax.heads import medusa as medusa_head
 from specjax.heads import ppd as ppd_head
 from specjax.heads.clover import CloverConfig
 from specjax.heads.guesses import GuessLayout
-from specjax.models import Model, forward, init_params
+from specjax.models import Model, forward, init_params, lm_head_weight
 
 RANKS = 10
 
@@ -74,11 +74,6 @@ def _rank_metrics(pairs) -> dict:
         top1.append(hit[..., 0].mean())
         top5.append(hit[..., :5].sum(-1).mean())
     return {"top1": jnp.stack(top1), "top5": jnp.stack(top5), "rank_accuracy": jnp.stack(rank)}
-
-
-def _lm_head(config, params):
-    """The target's LM head [E, V]."""
-    return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
 
 
 class _HeadObjective:
@@ -135,7 +130,7 @@ class Medusa1Objective(_HeadObjective):
 
     def init(self, key):
         h, c = self.heads, self.tc
-        head = _lm_head(c, self.target.params)
+        head = lm_head_weight(c, self.target.params)
         params = medusa_head.init(key, h.num_heads, c.hidden_size, c.vocab_size, lm_head=head,
                                   own_lm_head=h.own_lm_head)
         if self.joint:
@@ -152,7 +147,7 @@ class Medusa1Objective(_HeadObjective):
         tp, hp = self._split(params)
         out = forward(self.tc, tp, batch[:, :-1], compute_logits=self.joint)
         hidden = out.hidden if self.joint else jax.lax.stop_gradient(out.hidden)
-        head_w = _lm_head(self.tc, tp)
+        head_w = lm_head_weight(self.tc, tp)
         return out, medusa_head.apply(hp, hidden, self.heads.num_layers, head_w)  # [B,T,K,V]
 
     def _per_head(self, logits, batch):
@@ -235,7 +230,7 @@ class EagleObjective(_HeadObjective):
             feat = feat + jax.random.uniform(key, feat.shape, minval=-self.heads.noise, maxval=self.heads.noise)
         emb = eagle_head.embed(params, tp["embed"], batch[:, 1: t + n])
         hs = eagle_head.unroll(cfg, params, emb, feat, n)
-        head_w = _lm_head(self.tc, tp)
+        head_w = lm_head_weight(self.tc, tp)
         return (hs, [eagle_head.logits(cfg, params, h, head_w) for h in hs], *_step_targets(out, n, t))
 
     def loss_fn(self, params, batch):
@@ -312,7 +307,7 @@ class CloverObjective(EagleObjective):
         causal = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
         h, _, _ = clover_head.block(cfg, params, out.layer_hidden[0][:, :t], emb[:, :t], pos, causal)
         outs = clover_head.unroll(cfg, params, h, emb, n)
-        head_w = _lm_head(self.tc, tp)
+        head_w = lm_head_weight(self.tc, tp)
         return (outs, [clover_head.logits(o, head_w) for o in outs], *_step_targets(out, n, t))
 
     def export(self, params, out_dir):
