@@ -7,7 +7,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import specjax as sj
 from specjax.models import KVCache, forward
