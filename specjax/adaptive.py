@@ -1,27 +1,32 @@
 """Adaptive speculation length by goodput (SmartSpec, arXiv 2406.14066).
 
 The speculation length k is chosen from a small menu (default {0, 1, 2, 4}; k = 0 is plain
-autoregressive decoding) to maximise the estimated goodput
+autoregressive decoding) to maximise the goodput
 
-    goodput(k) = E[tokens | alpha, k] / cost(k),   E = (1 - alpha^(k+1)) / (1 - alpha),
+    goodput(k) = E[tokens | k] / cost(k),   E[tokens | k] = 1 + sum_{d <= k} prod_{j <= d} r_j,
 
-where alpha is a moving average of the per-token acceptance rate over the batch (accepted
-drafts / drafts tried up to and including the first rejection, decayed by `decay` per step)
-and cost(k) is the measured wall time of one step of the k-variant at this batch size,
-profiled once on the host before the run (`profile_costs`: the same compiled loop with the
-choice forced to each k) and passed in as an array.
+where r_d is the acceptance rate at draft depth d given that depth d - 1 was accepted, and
+cost(k) is the wall time of one step of the k-variant at this batch size. AR has to be beaten
+by `margin` (default 10%): a win inside the noise of the measured costs is not worth the risk.
+A `Calibration` holds costs and rates for one batch size, measured once on the host by
+`calibrate`: the decode loop below, with the choice forced to each k in turn; where they
+predict a win, the free-running loop then races AR's program on the same prompts.
 
-Every variant is `engine.step` with its own drafter (a chain truncated to k, or the empty
-drafter for k = 0), compiled once. An outer `lax.while_loop` picks k and `lax.switch`es to
-that variant, which runs a segment of `segment` steps (default 8; alpha is updated after every
-step) in its own inner while_loop — so the choice is re-made every `segment` steps rather
-than every step, because a switch carries the whole decode state in and out of the branch
-and on CPU that costs about as much as a small model's step. A k = 0 step costs what an AR
-step costs: nothing of a bigger tree is run and masked. The draft model's cache is not fed
-during k = 0 steps; the next k > 0 step first catches it up in chunks (`CatchUpDraftModel`).
-While k = 0 wins alpha is not observed, so after `probe_every` consecutive AR steps one step
-runs the smallest k > 0 to refresh it; the gap doubles after each probe (up to 256 steps) and
-resets when speculation wins again.
+The choice is made at two levels:
+- per run: when no k > 0 wins at the calibrated rates, or the loop lost the race, `generate`
+  runs plain AR's own compiled program (`sj.generate` without a drafter). At the batch sizes
+  where speculation does not pay, the adaptive mode therefore costs what AR costs, not AR plus
+  a loop around it.
+- per segment: otherwise an outer `lax.while_loop` picks k and `lax.switch`es to that variant
+  (`engine.step` with a chain truncated to k, or the empty drafter for k = 0, each compiled
+  once), which runs `segment` steps (default 8) in its own inner while_loop. The switch carries
+  the whole decode state, which on CPU costs about a small model's step, hence segments. The
+  rates are per-depth counts, seeded by the calibration and decayed by `decay` per step that
+  drafts the depth (a depth no step drafts keeps its last estimate). While
+  k = 0 wins nothing is observed, so AR runs until a probe: after `probe_every` AR steps one
+  step of the smallest k > 0 refreshes r_1; the gap doubles after each probe (up to 256 steps)
+  and resets when speculation wins again. The draft model's cache is not fed during k = 0
+  steps; the next k > 0 step first catches it up in chunks (`CatchUpDraftModel`).
 
 Greedy output equals plain AR token for token (every variant is lossless); with sampling, each
 variant uses its drafter's exact rule, so the output law is the target's.
@@ -89,7 +94,7 @@ class Adaptive:
     ks: tuple[int, ...] = (0, 1, 2, 4)
     decay: float = 0.9
     probe_every: int = 16
-    prior_alpha: float = 0.5
+    margin: float = 0.1
     segment: int = 8
 
     def __post_init__(self):
@@ -100,8 +105,8 @@ class Adaptive:
             raise ValueError("ks needs at least one speculation length > 0")
         if self.segment < 1 or self.probe_every < 0:
             raise ValueError(f"segment must be >= 1 and probe_every >= 0, got {self.segment}, {self.probe_every}")
-        if not 0.0 <= self.decay < 1.0 or not 0.0 <= self.prior_alpha < 1.0:
-            raise ValueError("decay and prior_alpha must lie in [0, 1)")
+        if not 0.0 <= self.decay < 1.0 or self.margin < 0.0:
+            raise ValueError(f"decay must lie in [0, 1) and margin be >= 0, got {self.decay}, {self.margin}")
         truncate(self.base, ks[1])  # raises for drafters that cannot be truncated
 
     @property
@@ -115,21 +120,57 @@ class Adaptive:
     def policy(self) -> "_Policy":
         """The hashable settings of the loop (a static jit argument; `base` holds arrays)."""
         return _Policy(tuple(int(k) for k in self.ks), float(self.decay), int(self.probe_every),
-                       float(self.prior_alpha), int(self.segment))
+                       float(self.margin), int(self.segment))
 
 
 class _Policy(NamedTuple):
     ks: tuple[int, ...]
     decay: float
     probe_every: int
-    prior_alpha: float
+    margin: float
     segment: int
+
+
+class Calibration(NamedTuple):
+    """What the goodput rule needs at one batch size."""
+
+    costs: np.ndarray  # float32[len(ks)]: seconds per step of each k
+    rates: np.ndarray  # float32[max(ks)]: P(depth d accepted | depth d - 1 accepted), d = 1..
+    speedup: float = float("nan")  # AR time / the loop's time, raced by `calibrate` (nan: not raced)
+
+    def checked(self, ad: Adaptive) -> "Calibration":
+        costs, rates = np.asarray(self.costs, np.float32), np.asarray(self.rates, np.float32)
+        if costs.shape != (len(ad.ks),) or not np.all(costs > 0):
+            raise ValueError(f"costs must be {len(ad.ks)} positive step times (one per k in {ad.ks}), got {costs}")
+        if rates.shape != (ad.ks[-1],) or not np.all((rates >= 0) & (rates <= 1)):
+            raise ValueError(f"rates must be {ad.ks[-1]} acceptance rates in [0, 1] (one per depth), got {rates}")
+        return Calibration(costs, rates, float(self.speedup))
+
+    def predicts_win(self, ad: Adaptive) -> bool:
+        """Whether some k > 0 beats AR by the margin at these rates and costs."""
+        return int(np.argmax(goodput(self.rates, ad.ks, self.costs, ad.margin))) > 0
+
+    def speculates(self, ad: Adaptive) -> bool:
+        """Predicted to win, and not slower than AR where the race was run."""
+        return self.predicts_win(ad) and not self.speedup <= 1.0
+
+
+def expected_tokens(rates, ks):
+    """E[tokens per step] of a chain of k drafts, for each k in `ks` (bonus included):
+    1 + sum_{d <= k} prod_{j <= d} rates[j - 1]."""
+    rates = jnp.asarray(rates, jnp.float32)
+    return jnp.concatenate([jnp.ones(1), 1.0 + jnp.cumsum(jnp.cumprod(rates))])[jnp.asarray(ks)]
+
+
+def goodput(rates, ks, costs, margin: float):
+    """Tokens per second of each k in `ks` (ks[0] = 0), AR's raised by the margin a chain must beat."""
+    return expected_tokens(rates, ks) / jnp.asarray(costs) * jnp.where(jnp.asarray(ks) == 0, 1.0 + margin, 1.0)
 
 
 class _Carry(NamedTuple):
     state: engine.DecodeState
-    succ: jax.Array  # float32: decayed accepted drafts
-    tried: jax.Array  # float32: decayed drafts tried (through the first rejection)
+    succ: jax.Array  # float32[kmax]: decayed accepted drafts per depth (seeded: rate, weight 1)
+    tried: jax.Array  # float32[kmax]: decayed drafts per depth whose parent was accepted
     since_spec: jax.Array  # int32: consecutive k = 0 steps
     gap: jax.Array  # int32: AR steps before the next probe (doubles after each probe)
     k_counts: jax.Array  # int32[len(ks)]: steps taken with each k
@@ -137,25 +178,24 @@ class _Carry(NamedTuple):
     reached: jax.Array  # int32[kmax]: row-steps that accepted depth d
 
 
-def expected_tokens(alpha, k):
-    """E[tokens per step] for a chain of k drafts with i.i.d. acceptance alpha (bonus included)."""
-    alpha = jnp.clip(alpha, 0.0, 0.999)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+_MAX_GAP = 256
 
 
 def _choose(ad: _Policy, carry: _Carry, costs: jax.Array, force: jax.Array):
-    """(variant index, steps to run it, next probe gap)."""
-    ks = jnp.asarray(ad.ks, jnp.float32)
-    alpha = carry.succ / jnp.maximum(carry.tried, 1e-6)
-    best = jnp.argmax(expected_tokens(alpha, ks) / costs).astype(jnp.int32)
-    probe = (best == 0) & (ad.probe_every > 0) & (carry.since_spec >= carry.gap)
-    gap = jnp.where(probe, jnp.minimum(2 * carry.gap, _MAX_GAP),
-                    jnp.where(best > 0, ad.probe_every, carry.gap))
-    idx = jnp.where(force >= 0, force, jnp.where(probe, 1, best))  # force >= 0: profiling
-    return idx, jnp.where(probe & (force < 0), 1, ad.segment), gap
-
-
-_MAX_GAP = 256
+    """(variant index, steps to run it, next probe gap). A k = 0 choice runs until the next
+    probe, since nothing it does can change the rates."""
+    best = jnp.argmax(goodput(carry.succ / jnp.maximum(carry.tried, 1e-6), ad.ks, costs, ad.margin))
+    best = best.astype(jnp.int32)
+    if ad.probe_every > 0:
+        probe = (best == 0) & (carry.since_spec >= carry.gap)
+        gap = jnp.where(probe, jnp.minimum(2 * carry.gap, _MAX_GAP), jnp.where(best > 0, ad.probe_every, carry.gap))
+        ar_steps = carry.gap - carry.since_spec
+    else:
+        probe, gap, ar_steps = jnp.bool_(False), carry.gap, jnp.int32(_MAX_GAP)
+    probe = probe & (force < 0)
+    idx = jnp.where(force >= 0, force, jnp.where(probe, 1, best))  # force >= 0: calibrating
+    ar_steps = jnp.where(force >= 0, _MAX_GAP, ar_steps)
+    return idx, jnp.where(idx == 0, ar_steps, jnp.where(probe, 1, ad.segment)), gap
 
 
 def _branch(model, drafter, verifier, settings, k: int, kmax: int):
@@ -170,34 +210,38 @@ def _branch(model, drafter, verifier, settings, k: int, kmax: int):
 
 
 def _segment(step, k: int, decay: float, kmax: int):
-    """Up to n steps of one variant in an inner while_loop, updating the acceptance averages
-    and the per-depth counts: (state, succ, tried, drafted, reached, n) -> (..., steps run)."""
+    """Up to n steps of one variant in an inner while_loop; a k > 0 variant also updates the
+    per-depth counts: (state, succ, tried, drafted, reached, n) -> (..., steps run)."""
     arange = jnp.arange(kmax + 1)
     depth = jnp.arange(1, kmax + 1)
 
+    def observe(c, step_hist):
+        succ, tried, drafted, reached = c
+        accepted = (step_hist * arange).sum(1)[:, None]
+        live = step_hist.sum(1)[:, None] > 0
+        new_drafted = (live & (depth <= k) & (accepted >= depth - 1)).sum(0)
+        new_reached = (live & (accepted >= depth)).sum(0)
+        forget = jnp.where(depth <= k, decay, 1.0)  # depths this variant does not draft keep their estimate
+        return (forget * succ + new_reached, forget * tried + new_drafted,
+                drafted + new_drafted, reached + new_reached)
+
     def run(args):
-        state, succ, tried, drafted, reached, n = args
+        state, *counts, n = args
 
         def body(c):
-            state, succ, tried, drafted, reached, i = c
+            state, counts, i = c
             state, step_hist = step(state)
-            accepted = (step_hist * arange).sum(1)
-            active = step_hist.sum(1)
-            t = accepted + active * (accepted < k)
-            live = active[:, None] > 0
-            drafted = drafted + (live & (depth <= k) & (accepted[:, None] >= depth - 1)).sum(0)
-            reached = reached + (live & (accepted[:, None] >= depth)).sum(0)
-            return (state, decay * succ + accepted.sum(), decay * tried + t.sum(), drafted, reached, i + 1)
+            return state, observe(counts, step_hist) if k > 0 else counts, i + 1
 
-        return jax.lax.while_loop(lambda c: (c[5] < n) & ~jnp.all(c[0].done), body,
-                                  (state, succ, tried, drafted, reached, jnp.int32(0)))
+        state, counts, ran = jax.lax.while_loop(lambda c: (c[2] < n) & ~jnp.all(c[0].done), body,
+                                                (state, tuple(counts), jnp.int32(0)))
+        return (state, *counts, ran)
     return run
 
 
-def _loop(model, variants, state, costs, force, *, ad, settings, verifiers):
-    """The outer loop picks a variant by goodput; the chosen variant runs a segment of
-    `ad.segment` steps in its own inner loop (one lax.switch per segment, so the switch's
-    cost is paid once per segment, not per step)."""
+def _loop(model, variants, state, costs, rates, force, *, ad, settings, verifiers):
+    """The outer loop picks a variant by goodput; the chosen variant runs a segment in its own
+    inner loop (one lax.switch per segment, so the switch's cost is paid once per segment)."""
     kmax = ad.ks[-1]
     segments = [_segment(_branch(model, d, v, settings, k, kmax), k, ad.decay, kmax)
                 for d, v, k in zip(variants, verifiers, ad.ks)]
@@ -209,15 +253,15 @@ def _loop(model, variants, state, costs, force, *, ad, settings, verifiers):
         return _Carry(state, succ, tried, jnp.where(idx == 0, c.since_spec + ran, 0), gap,
                       c.k_counts.at[idx].add(ran), drafted, reached)
 
-    carry = _Carry(state, jnp.float32(ad.prior_alpha), jnp.float32(1.0), jnp.int32(0),
-                   jnp.int32(ad.probe_every), jnp.zeros((len(ad.ks),), jnp.int32),
-                   jnp.zeros((kmax,), jnp.int32), jnp.zeros((kmax,), jnp.int32))
+    zeros = jnp.zeros((kmax,), jnp.int32)
+    carry = _Carry(state, rates, jnp.ones((kmax,), jnp.float32), jnp.int32(0), jnp.int32(ad.probe_every),
+                   jnp.zeros((len(ad.ks),), jnp.int32), zeros, zeros)
     return jax.lax.while_loop(lambda c: ~jnp.all(c.state.done), body, carry)
 
 
-def _decode(model, variants, prompts, lengths, key, costs, force, *, ad, settings, verifiers, cache_len):
+def _decode(model, variants, prompts, lengths, key, costs, rates, force, *, ad, settings, verifiers, cache_len):
     state = engine.prefill(model, variants[-1], prompts, lengths, key, settings=settings, cache_len=cache_len)
-    return _loop(model, variants, state, costs, force, ad=ad, settings=settings, verifiers=verifiers)
+    return _loop(model, variants, state, costs, rates, force, ad=ad, settings=settings, verifiers=verifiers)
 
 
 _decode_jit = jax.jit(_decode, static_argnames=("ad", "settings", "verifiers", "cache_len"))
@@ -232,48 +276,99 @@ def _setup(model, prompts, ad, max_new_tokens, temperature, top_k, top_p, eos_to
     return padded, lengths, variants, plan, verifiers
 
 
-def profile_costs(model: Model, prompts, ad: Adaptive, *, max_new_tokens: int = 64, repeats: int = 2,
-                  temperature: float = 0.0, top_k=None, top_p=None) -> np.ndarray:
-    """Seconds per decode step of each variant in `ad.ks` at the batch size of `prompts`: the
-    adaptive loop itself (compiled once, shared with `generate`) decodes `prompts` with the
-    choice forced to each k in turn; cost = wall time / loop steps, the least of `repeats`
-    runs after a compiling one. The prefill is in the wall time, which charges variants with
-    fewer steps (longer k) a little more: the error leans towards AR."""
-    padded, lengths, variants, plan, verifiers = _setup(model, prompts, ad, max_new_tokens,
-                                                        temperature, top_k, top_p, None)
-    args = (model, variants, jnp.asarray(padded), jnp.asarray(lengths), jax.random.key(0),
-            jnp.ones((len(ad.ks),), jnp.float32))
-    kw = dict(ad=ad.policy, settings=plan.settings, verifiers=verifiers, cache_len=plan.cache_len)
-    jax.block_until_ready(_decode_jit(*args, jnp.int32(0), **kw).state.out)  # compile
+def _batches(prompts, batch_size: int | None) -> list:
+    """`prompts` in batches of `batch_size` rows (None: one batch), the last filled from the first rows."""
+    rows = list(prompts)
+    size = batch_size or len(rows)
+    if not rows or size < 1:
+        raise ValueError(f"need at least one prompt and batch_size >= 1, got {len(rows)} prompts, {batch_size}")
+    return [[rows[j % len(rows)] for j in range(i, i + size)] for i in range(0, len(rows), size)]
+
+
+def calibrate(model: Model, prompts, ad: Adaptive, *, batch_size: int | None = None, max_new_tokens: int = 64,
+              repeats: int = 2, temperature: float = 0.0, top_k=None, top_p=None) -> Calibration:
+    """Costs, rates and a race with AR at one batch size. `prompts` are decoded `batch_size`
+    rows at a time (None: all at once), so the costs are those of that batch size and the rates
+    those of every prompt.
+
+    Costs and rates: the adaptive loop itself (compiled once, shared with `generate`) decodes
+    every batch with the choice forced to each k in turn. cost = wall time / loop steps, the
+    least of `repeats` rounds after a compiling one; the prefill is in the wall time, which
+    charges variants with fewer steps (longer k) a little more, so the error leans towards AR.
+    rate_d = accepted / drafted at depth d, over all runs.
+
+    Race: if the costs and rates predict a win, the free-running loop and AR's own program
+    decode the batches `repeats` times, interleaved, after a warm-up; speedup = AR's least
+    time / the loop's. The costs miss what the loop pays to switch between variants and to catch
+    a draft model up, which at large batch sizes can eat a predicted win."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    batches = _batches(prompts, batch_size)
+    kmax = ad.ks[-1]
+
+    def forced(batch, i):
+        padded, lengths, variants, plan, verifiers = _setup(model, batch, ad, max_new_tokens, temperature,
+                                                            top_k, top_p, None)
+        t0 = time.perf_counter()
+        carry = _decode_jit(model, variants, jnp.asarray(padded), jnp.asarray(lengths), jax.random.key(0),
+                            jnp.ones((len(ad.ks),), jnp.float32), jnp.zeros((kmax,), jnp.float32), jnp.int32(i),
+                            ad=ad.policy, settings=plan.settings, verifiers=verifiers, cache_len=plan.cache_len)
+        steps, d, r = jax.device_get((carry.state.target_calls.max(), carry.drafted, carry.reached))
+        return time.perf_counter() - t0, int(steps), d, r
+
+    forced(batches[0], 0)  # compile
     best = np.full(len(ad.ks), np.inf)
+    drafted, reached = np.zeros(kmax), np.zeros(kmax)
     for _ in range(repeats):
         for i in range(len(ad.ks)):
-            t0 = time.perf_counter()
-            carry = _decode_jit(*args, jnp.int32(i), **kw)
-            steps = int(jax.device_get(carry.state.target_calls).max())
-            best[i] = min(best[i], (time.perf_counter() - t0) / max(steps, 1))
-    return best.astype(np.float32)
+            runs = [forced(b, i) for b in batches]
+            best[i] = min(best[i], sum(w for w, *_ in runs) / max(sum(n for _, n, *_ in runs), 1))
+            drafted = drafted + sum(d for *_, d, _ in runs)
+            reached = reached + sum(r for *_, r in runs)
+    cal = Calibration(best.astype(np.float32), (reached / np.maximum(drafted, 1)).astype(np.float32))
+    if not cal.predicts_win(ad):
+        return cal
+    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    racers = (lambda b: engine.generate(model, b, **sampling), lambda b: _generate_loop(model, b, ad, cal, **sampling))
+    times = [[sum(race(b).stats["wall_time_s"] for b in batches) for race in racers] for _ in range(repeats + 1)]
+    ar, loop = np.min(times[1:], axis=0)
+    return cal._replace(speedup=float(ar / loop))
 
 
-def generate(model: Model, prompts, ad: Adaptive, *, max_new_tokens: int = 64, costs=None,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             key: jax.Array | None = None, eos_token_id=None) -> engine.GenerateOutput:
-    """`sj.generate` with the speculation length chosen per step by goodput. `costs`: seconds
-    per step of each k in `ad.ks` at this batch size (None: profiled here, see profile_costs).
-    stats add `k_counts` (steps per k) and `costs`; acceptance_per_depth[d-1] counts only the
-    steps that drafted depth d and accepted depth d - 1."""
-    if costs is None:
-        costs = profile_costs(model, prompts, ad, max_new_tokens=max_new_tokens, temperature=temperature,
-                              top_k=top_k, top_p=top_p)
-    costs = np.asarray(costs, np.float32)
-    if costs.shape != (len(ad.ks),) or not np.all(costs > 0):
-        raise ValueError(f"costs must be {len(ad.ks)} positive step times (one per k in {ad.ks}), got {costs}")
+def generate(model: Model, prompts, ad: Adaptive, *, max_new_tokens: int = 64,
+             calibration: Calibration | None = None, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float | None = None, key: jax.Array | None = None,
+             eos_token_id=None) -> engine.GenerateOutput:
+    """`sj.generate` with the speculation length chosen by goodput. `calibration`: costs and
+    rates at this batch size (None: measured here on `prompts`, see `calibrate`). stats add
+    `k_counts` (steps per k), `costs`, `rates`, `calibrated_speedup` and `speculated` (False:
+    plain AR's program ran); acceptance_per_depth[d-1] counts only the steps that drafted
+    depth d and accepted d - 1."""
+    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+    cal = (calibrate(model, prompts, ad, **sampling) if calibration is None else calibration).checked(ad)
+    if cal.speculates(ad):
+        return _generate_loop(model, prompts, ad, cal, key=key, eos_token_id=eos_token_id, **sampling)
+    out = engine.generate(model, prompts, key=key, eos_token_id=eos_token_id, **sampling)
+    out.stats.update(_calibration_stats(ad, cal), speculated=False,
+                     k_counts={k: out.stats["target_calls"] if k == 0 else 0 for k in ad.ks})
+    return out
+
+
+def _calibration_stats(ad: Adaptive, cal: Calibration) -> dict:
+    return dict(method=ad.name, costs=[float(c) for c in cal.costs], rates=[float(r) for r in cal.rates],
+                calibrated_speedup=cal.speedup)
+
+
+def _generate_loop(model, prompts, ad: Adaptive, cal: Calibration, *, max_new_tokens, temperature, top_k, top_p,
+                   key=None, eos_token_id=None) -> engine.GenerateOutput:
+    """The device-side loop over the variants, whatever the calibration predicts."""
     padded, lengths, variants, plan, verifiers = _setup(model, prompts, ad, max_new_tokens,
                                                         temperature, top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
     t0 = time.perf_counter()
-    carry = _decode_jit(model, variants, jnp.asarray(padded), jnp.asarray(lengths), key, jnp.asarray(costs),
-                        jnp.int32(-1), ad=ad.policy, settings=plan.settings, verifiers=verifiers, cache_len=plan.cache_len)
+    carry = _decode_jit(model, variants, jnp.asarray(padded), jnp.asarray(lengths), key, jnp.asarray(cal.costs),
+                        jnp.asarray(cal.rates), jnp.int32(-1), ad=ad.policy, settings=plan.settings,
+                        verifiers=verifiers, cache_len=plan.cache_len)
     s = carry.state
     tokens, num, calls, hist, k_counts, drafted, reached = jax.device_get(
         (s.out, s.num_out, s.target_calls, s.accepted_hist, carry.k_counts, carry.drafted, carry.reached))
@@ -282,7 +377,6 @@ def generate(model: Model, prompts, ad: Adaptive, *, max_new_tokens: int = 64, c
     # acceptance at depth d among the steps that drafted depth d (AR steps and shorter chains
     # are not counted as rejections, as engine._stats would count them)
     stats["acceptance_per_depth"] = [float(r / d) if d else 0.0 for r, d in zip(reached, drafted)]
-    stats.update(method=ad.name, verifier=type(verifiers[-1]).__name__,
-                 k_counts={int(k): int(n) for k, n in zip(ad.ks, k_counts)},
-                 costs=[float(c) for c in costs])
+    stats.update(_calibration_stats(ad, cal), verifier=type(verifiers[-1]).__name__, speculated=True,
+                 k_counts={int(k): int(n) for k, n in zip(ad.ks, k_counts)})
     return engine.GenerateOutput(np.asarray(tokens), np.asarray(num), stats)

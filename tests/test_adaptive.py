@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import adaptive
+from specjax import adaptive, engine
 from specjax.drafters import DraftModel, PromptLookup
+from specjax.models import KVCache
 
 
 def _config(vocab, hidden=32, layers=2):
@@ -27,67 +28,101 @@ PROMPTS = np.array([[5, 17, 33, 9, 60, 5, 17, 33, 9, 60, 5, 17], [40, 3, 8, 8, 5
                    np.int32)
 
 
-@pytest.mark.parametrize("costs, expect", [
-    ([1.0, 1e3, 1e3, 1e3], "ar"),        # speculation never pays: k = 0 (and probes of k = 1)
-    ([1e3, 1.0, 1.0, 1.0], "spec"),      # AR is dear: never AR
-    ([1.0, 1.2, 1.5, 2.2], "mixed"),     # in between: whatever goodput says, output unchanged
+def _cal(costs, rate):
+    return adaptive.Calibration(np.asarray(costs, np.float32), np.full(4, rate, np.float32))
+
+
+@pytest.mark.parametrize("costs, rate, expect", [
+    ([1.0, 1e3, 1e3, 1e3], 0.5, "ar"),       # speculation cannot pay: AR's own program runs
+    ([1e3, 1.0, 1.0, 1.0], 0.5, "spec"),     # AR is dear: never AR
+    ([1.0, 1.5, 1.9, 2.8], 0.9, "probes"),   # calibrated rates win, the random draft's lose: AR + probes
 ])
-def test_greedy_equals_ar(models, costs, expect):
+def test_greedy_equals_ar(models, costs, rate, expect):
     target, draft = models
-    ref = sj.generate(target, PROMPTS, max_new_tokens=24)
+    ref = sj.generate(target, PROMPTS, max_new_tokens=40)
     ad = adaptive.Adaptive(DraftModel(draft, mode="chain", k=4), ks=(0, 1, 2, 4), probe_every=4)
-    out = adaptive.generate(target, PROMPTS, ad, max_new_tokens=24, costs=costs)
+    out = adaptive.generate(target, PROMPTS, ad, max_new_tokens=40, calibration=_cal(costs, rate))
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     k = out.stats["k_counts"]
     assert sum(k.values()) == out.stats["target_calls"]  # one choice per loop step
+    assert out.stats["speculated"] == (expect != "ar")
     if expect == "ar":
-        assert k[2] == k[4] == 0 and k[0] > 0 and k[1] > 0  # probes refresh alpha every 4 AR steps
-        assert k[0] >= 3 * k[1]
+        assert k[0] == out.stats["target_calls"] and out.stats["tau"] == 1.0
     elif expect == "spec":
         assert k[0] == 0
+    else:  # the first segment speculates at k = 4, then AR with probes of k = 1 every 4, 8, ... steps
+        assert k[4] == 8 and k[2] == 0 and k[0] > 0 and k[1] > 0
+        assert k[0] >= 3 * k[1]
 
 
 def test_self_draft_picks_longest_and_tau(models):
-    """Drafting with the target itself: every draft is accepted, alpha -> 1, so the longest
-    chain wins at moderate costs and tau approaches k + 1."""
+    """Drafting with the target itself: every draft is accepted, so the observed rates climb
+    to 1 depth by depth and the loop lengthens the chain as they do."""
     target, _ = models
     ad = adaptive.Adaptive(DraftModel(target, mode="chain", k=4), ks=(0, 1, 2, 4))
-    out = adaptive.generate(target, PROMPTS, ad, max_new_tokens=60, costs=[1.0, 1.3, 1.6, 2.2])
+    out = adaptive.generate(target, PROMPTS, ad, max_new_tokens=60, calibration=_cal([1.0, 1.3, 1.6, 1.9], 0.5))
     np.testing.assert_array_equal(out.tokens, sj.generate(target, PROMPTS, max_new_tokens=60).tokens)
-    # the prior alpha = 0.5 picks k = 1 for the first segment (8 steps); then alpha -> 1 and k = 4
-    assert out.stats["k_counts"][4] >= 6 and out.stats["tau"] > 3.0
+    # the calibrated rates 0.5 pick k = 1 for the first segment (8 steps); then r_1 -> 1 picks k = 2,
+    # then r_2 -> 1 picks k = 4 (E = 3.75 at r_3 = r_4 = 0.5) for the last 20 tokens
+    assert out.stats["k_counts"] == {0: 0, 1: 8, 2: 8, 4: 4}
+    assert out.stats["acceptance_per_depth"] == [1.0] * 4
 
 
-def test_prompt_lookup_and_profile(models):
+def test_prompt_lookup_and_calibrate(models):
     target, _ = models
     ad = adaptive.Adaptive(PromptLookup(max_ngram=3, num_tokens=4), ks=(0, 2, 4))
-    costs = adaptive.profile_costs(target, PROMPTS, ad, max_new_tokens=24, repeats=1)
-    assert costs.shape == (3,) and np.all(costs > 0)
-    out = adaptive.generate(target, PROMPTS, ad, max_new_tokens=24, costs=costs)
-    np.testing.assert_array_equal(out.tokens, sj.generate(target, PROMPTS, max_new_tokens=24).tokens)
+    cal = adaptive.calibrate(target, PROMPTS, ad, batch_size=1, max_new_tokens=24, repeats=1)
+    assert cal.costs.shape == (3,) and np.all(cal.costs > 0)
+    assert cal.rates.shape == (4,) and np.all((cal.rates >= 0) & (cal.rates <= 1)) and cal.rates[0] > 0
+    assert np.isnan(cal.speedup) != cal.predicts_win(ad)  # raced exactly when a win was predicted
+    assert np.isnan(cal.speedup) or cal.speedup > 0
+    for c in (cal, cal._replace(costs=np.array([1.0, 1.1, 1.2], np.float32))):  # as measured; forced to speculate
+        out = adaptive.generate(target, PROMPTS, ad, max_new_tokens=24, calibration=c)
+        np.testing.assert_array_equal(out.tokens, sj.generate(target, PROMPTS, max_new_tokens=24).tokens)
+    # forced: the calibrated rates pick k = 4 for the first segment; its lookups miss (the output
+    # repeats only later), r_1 -> 0 and AR runs the rest
+    assert out.stats["speculated"] and out.stats["k_counts"][4] == 8
 
 
-def test_expected_tokens_and_errors(models):
-    np.testing.assert_allclose(adaptive.expected_tokens(0.5, np.array([0.0, 1.0, 2.0])), [1.0, 1.5, 1.75])
+def test_goodput_rule_and_errors(models):
+    np.testing.assert_allclose(adaptive.expected_tokens([0.5, 0.5], (0, 1, 2)), [1.0, 1.5, 1.75])
+    np.testing.assert_allclose(adaptive.expected_tokens([1.0, 0.5, 0.0], (0, 1, 2, 3)), [1.0, 2.0, 2.5, 2.5])
+    np.testing.assert_allclose(adaptive.goodput([0.5], (0, 1), [1.0, 1.25], 0.1), [1.1, 1.2])
     target, draft = models
+    ad = adaptive.Adaptive(PromptLookup(), ks=(0, 1))
+    # k = 1 makes 1.5 tokens per step: at cost 1.36 it beats AR by 10.3%, at 1.37 by only 9.5%
+    assert adaptive.Calibration(np.array([1.0, 1.36]), np.array([0.5])).speculates(ad)
+    assert not adaptive.Calibration(np.array([1.0, 1.37]), np.array([0.5])).speculates(ad)
+    assert not adaptive.Calibration(np.array([1.0, 1.0]), np.array([0.5]), speedup=0.98).speculates(ad)  # lost the race
+    assert adaptive.Calibration(np.array([1.0, 1.0]), np.array([0.5]), speedup=1.02).speculates(ad)
+    assert [len(b) for b in adaptive._batches([[1], [2], [3]], 2)] == [2, 2]  # the last filled from the first
     with pytest.raises(ValueError, match="start at 0"):
         adaptive.Adaptive(PromptLookup(), ks=(1, 2))
     with pytest.raises(ValueError, match="chain drafter"):
         adaptive.Adaptive(DraftModel(draft, mode="iid", k=2, depth=2))
-    ad = adaptive.Adaptive(PromptLookup(), ks=(0, 2))
     with pytest.raises(ValueError, match="positive step times"):
-        adaptive.generate(target, PROMPTS, ad, max_new_tokens=4, costs=[1.0])
+        adaptive.generate(target, PROMPTS, ad, max_new_tokens=4, calibration=adaptive.Calibration([1.0], [0.5]))
+    with pytest.raises(ValueError, match="acceptance rates"):
+        adaptive.generate(target, PROMPTS, ad, max_new_tokens=4, calibration=adaptive.Calibration([1.0, 1.0], [1.5]))
 
 
-def test_draft_cache_catches_up_after_ar_steps(models):
-    """Self-draft starting from alpha = 0: the first 8 steps are AR (the draft's cache falls
-    8 tokens behind), then a probe and speculation. The draft can only agree with the target
-    on every token if CatchUpDraftModel fed the skipped tokens correctly."""
+def test_draft_cache_catches_up_from_behind(models):
+    """Self-draft whose cache starts empty, the whole prompt behind (as after AR steps, whose
+    tokens the draft never sees): every draft can only match the target's greedy token, and
+    be accepted, if CatchUpDraftModel fed the missing tokens correctly, chunk by chunk."""
     target, _ = models
-    ad = adaptive.Adaptive(DraftModel(target, mode="chain", k=4), ks=(0, 1, 2, 4), probe_every=8,
-                           prior_alpha=0.0)
-    out = adaptive.generate(target, PROMPTS, ad, max_new_tokens=60, costs=[1.0, 1.3, 1.6, 2.2])
-    np.testing.assert_array_equal(out.tokens, sj.generate(target, PROMPTS, max_new_tokens=60).tokens)
-    k = out.stats["k_counts"]
-    assert k[0] >= 8 and k[4] > 0
-    assert out.stats["acceptance_per_depth"] == [1.0] * 4  # AR steps are not rejections
+    drafter = adaptive.CatchUpDraftModel(target, mode="chain", k=4, chunk=4)
+    padded, lengths = engine.pad_prompts(PROMPTS, target.config.vocab_size)
+    plan = engine._plan(target.config, target, padded.shape[1], drafter, None, 24, 0.0, None, None, None)
+
+    @jax.jit
+    def run(prompts, lengths):
+        state = engine.prefill(target, drafter, prompts, lengths, jax.random.key(0), settings=plan.settings,
+                               cache_len=plan.cache_len)
+        state = state._replace(drafter_state=KVCache.init(target.config, len(prompts), plan.cache_len))
+        for _ in range(3):
+            state = engine.step(target, drafter, state, settings=plan.settings, verifier=plan.verifier)
+        return state.accepted_hist
+
+    hist = np.asarray(run(padded, lengths))
+    np.testing.assert_array_equal(hist[:, 4], 3)  # 3 steps, each accepting all 4 drafts

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import random
@@ -116,7 +117,7 @@ class _Method:
     def __init__(self, name, cfg, model, draft, peers):
         self.name, self.cfg, self.model, self.peers = name, cfg, model, peers
         self.kind = "peer" if name in PEERS else "adaptive" if name in ADAPTIVE else "specjax"
-        self.costs = {}
+        self.calibration = {}
         if self.kind == "specjax":
             self.drafter = named_drafter(name, model, draft)
             self.nodes = 1 if self.drafter is None else self.drafter.num_nodes
@@ -133,10 +134,11 @@ class _Method:
         return self.kind != "peer" or self.peers.supports(self.name, batch)
 
     def prepare(self, groups) -> None:
-        """Per batch size, before the warm-up: adaptive profiles its step costs here."""
+        """Per batch size, before the warm-up: adaptive measures its step costs and acceptance here."""
         if self.kind == "adaptive":
-            self.costs[len(groups[0])] = adaptive.profile_costs(
-                self.model, groups[0], self.adaptive, max_new_tokens=self.cfg.max_new_tokens)
+            self.calibration[len(groups[0])] = adaptive.calibrate(
+                self.model, np.concatenate(groups), self.adaptive, batch_size=len(groups[0]),
+                max_new_tokens=self.cfg.max_new_tokens)
 
     def decode(self, groups):
         n = self.cfg.max_new_tokens
@@ -144,7 +146,7 @@ class _Method:
             return [self.peers.decode(self.name, g, n) for g in groups]
         if self.kind == "adaptive":
             outs = [adaptive.generate(self.model, g, self.adaptive, max_new_tokens=n,
-                                      costs=self.costs[len(g)]) for g in groups]
+                                      calibration=self.calibration[len(g)]) for g in groups]
         else:
             outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.drafter) for g in groups]
         return [(o.tokens, o.stats) for o in outs]
@@ -227,7 +229,11 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
                 for s in outs:
                     for k, c in s["k_counts"].items():
                         k_counts[k] = k_counts.get(k, 0) + c
-                row.update(k_counts=k_counts, step_costs_ms=[round(c * 1e3, 3) for c in outs[0]["costs"]])
+                raced = outs[0]["calibrated_speedup"]  # nan: no race, the rule predicted no win
+                row.update(k_counts=k_counts, speculated=outs[0]["speculated"],
+                           step_costs_ms=[round(c * 1e3, 3) for c in outs[0]["costs"]],
+                           calibrated_rates=[round(r, 3) for r in outs[0]["rates"]],
+                           calibrated_speedup=None if math.isnan(raced) else round(raced, 3))
             rows.append(row)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for r in rows:
@@ -309,6 +315,9 @@ NOTES = [
     "every 5 ms (device peak-bytes rise on accelerators): approximate, since memory the allocator "
     "kept from earlier methods is reused; peak_rss_mb in results.json is the whole process's peak.",
     "= ar: the method's greedy output on the first prompt equals specjax ar's token for token.",
-    "adaptive-*: speculation length chosen per step by goodput (SmartSpec) from the measured step "
-    "costs (step_costs_ms, per k) and a moving-average acceptance; k_counts = steps per k.",
+    "adaptive-*: speculation length chosen by goodput (SmartSpec) from step costs (step_costs_ms, per k) "
+    "and per-depth acceptance (calibrated_rates) measured on the prompts per batch size before the run; "
+    "where no k > 0 beats AR by 10%, or the loop lost a race with AR then (calibrated_speedup), it runs "
+    "AR's own program (speculated: false), else k is re-chosen every 8 steps from moving-average rates; "
+    "k_counts = steps per k.",
 ]
