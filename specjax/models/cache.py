@@ -25,7 +25,10 @@ class KVCache(NamedTuple):
     def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> "KVCache":
         shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
         dtype = dtype or config.jnp_dtype
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch,), jnp.int32))
+        # lengths behind a barrier: known zeros would let XLA constant-fold the attention over the
+        # empty prefix of a prefill, which takes seconds of compile at batch 64
+        lengths = jax.lax.optimization_barrier(jnp.zeros((batch,), jnp.int32))
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), lengths)
 
     @property
     def max_len(self) -> int:
