@@ -267,13 +267,29 @@ def _decode(model, variants, prompts, lengths, key, costs, rates, force, *, ad, 
 _decode_jit = jax.jit(_decode, static_argnames=("ad", "settings", "verifiers", "cache_len"))
 
 
-def _setup(model, prompts, ad, max_new_tokens, temperature, top_k, top_p, eos_token_id):
+class _Setup(NamedTuple):
+    padded: np.ndarray
+    lengths: np.ndarray
+    variants: tuple[Drafter, ...]
+    plan: engine._Plan
+    verifiers: tuple
+
+
+def _setup(model, prompts, ad, max_new_tokens, temperature, top_k, top_p, eos_token_id) -> _Setup:
     padded, lengths = engine.pad_prompts(prompts, model.config.vocab_size)
     variants = ad.variants()
     plan = engine._plan(model.config, model, padded.shape[1], variants[-1], None, max_new_tokens,
                         temperature, top_k, top_p, eos_token_id)
     verifiers = tuple(d.default_verifier(plan.settings.sampling) for d in variants)
-    return padded, lengths, variants, plan, verifiers
+    return _Setup(padded, lengths, variants, plan, verifiers)
+
+
+def _run(model, setup: _Setup, ad: Adaptive, key, costs, rates, force: int) -> _Carry:
+    """The compiled loop on one prepared batch (force >= 0: every segment runs that variant)."""
+    return _decode_jit(model, setup.variants, jnp.asarray(setup.padded), jnp.asarray(setup.lengths), key,
+                       jnp.asarray(costs, jnp.float32), jnp.asarray(rates, jnp.float32), jnp.int32(force),
+                       ad=ad.policy, settings=setup.plan.settings, verifiers=setup.verifiers,
+                       cache_len=setup.plan.cache_len)
 
 
 def _batches(prompts, batch_size: int | None) -> list:
@@ -304,24 +320,22 @@ def calibrate(model: Model, prompts, ad: Adaptive, *, batch_size: int | None = N
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     batches = _batches(prompts, batch_size)
+    setups = [_setup(model, b, ad, max_new_tokens, temperature, top_k, top_p, None) for b in batches]
     kmax = ad.ks[-1]
+    unit_costs, no_rates = np.ones(len(ad.ks)), np.zeros(kmax)  # unread: the choice is forced
 
-    def forced(batch, i):
-        padded, lengths, variants, plan, verifiers = _setup(model, batch, ad, max_new_tokens, temperature,
-                                                            top_k, top_p, None)
+    def forced(setup, i):
         t0 = time.perf_counter()
-        carry = _decode_jit(model, variants, jnp.asarray(padded), jnp.asarray(lengths), jax.random.key(0),
-                            jnp.ones((len(ad.ks),), jnp.float32), jnp.zeros((kmax,), jnp.float32), jnp.int32(i),
-                            ad=ad.policy, settings=plan.settings, verifiers=verifiers, cache_len=plan.cache_len)
+        carry = _run(model, setup, ad, jax.random.key(0), unit_costs, no_rates, i)
         steps, d, r = jax.device_get((carry.state.target_calls.max(), carry.drafted, carry.reached))
         return time.perf_counter() - t0, int(steps), d, r
 
-    forced(batches[0], 0)  # compile
+    forced(setups[0], 0)  # compile
     best = np.full(len(ad.ks), np.inf)
     drafted, reached = np.zeros(kmax), np.zeros(kmax)
     for _ in range(repeats):
         for i in range(len(ad.ks)):
-            runs = [forced(b, i) for b in batches]
+            runs = [forced(setup, i) for setup in setups]
             best[i] = min(best[i], sum(w for w, *_ in runs) / max(sum(n for _, n, *_ in runs), 1))
             drafted = drafted + sum(d for *_, d, _ in runs)
             reached = reached + sum(r for *_, r in runs)
@@ -362,21 +376,18 @@ def _calibration_stats(ad: Adaptive, cal: Calibration) -> dict:
 def _generate_loop(model, prompts, ad: Adaptive, cal: Calibration, *, max_new_tokens, temperature, top_k, top_p,
                    key=None, eos_token_id=None) -> engine.GenerateOutput:
     """The device-side loop over the variants, whatever the calibration predicts."""
-    padded, lengths, variants, plan, verifiers = _setup(model, prompts, ad, max_new_tokens,
-                                                        temperature, top_k, top_p, eos_token_id)
+    setup = _setup(model, prompts, ad, max_new_tokens, temperature, top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
     t0 = time.perf_counter()
-    carry = _decode_jit(model, variants, jnp.asarray(padded), jnp.asarray(lengths), key, jnp.asarray(cal.costs),
-                        jnp.asarray(cal.rates), jnp.int32(-1), ad=ad.policy, settings=plan.settings,
-                        verifiers=verifiers, cache_len=plan.cache_len)
+    carry = _run(model, setup, ad, key, cal.costs, cal.rates, -1)
     s = carry.state
     tokens, num, calls, hist, k_counts, drafted, reached = jax.device_get(
         (s.out, s.num_out, s.target_calls, s.accepted_hist, carry.k_counts, carry.drafted, carry.reached))
     wall = time.perf_counter() - t0
-    stats = engine._stats(plan, num, calls, hist, wall)
+    stats = engine._stats(setup.plan, num, calls, hist, wall)
     # acceptance at depth d among the steps that drafted depth d (AR steps and shorter chains
     # are not counted as rejections, as engine._stats would count them)
     stats["acceptance_per_depth"] = [float(r / d) if d else 0.0 for r, d in zip(reached, drafted)]
-    stats.update(_calibration_stats(ad, cal), verifier=type(verifiers[-1]).__name__, speculated=True,
+    stats.update(_calibration_stats(ad, cal), verifier=type(setup.verifiers[-1]).__name__, speculated=True,
                  k_counts={int(k): int(n) for k, n in zip(ad.ks, k_counts)})
     return engine.GenerateOutput(np.asarray(tokens), np.asarray(num), stats)
