@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 import specjax as sj
-from specjax.models import KVCache, ModelConfig, forward
+from specjax.bench.forward_cost import forward_seconds
+from specjax.models import ModelConfig
 
 CACHED = 512
 SHAPES = {  # Llama 3.2 1B and Llama 3.1 8B
@@ -32,31 +31,6 @@ SHAPES = {  # Llama 3.2 1B and Llama 3.1 8B
                   num_kv_heads=2, head_dim=64),  # int4 needs K divisible by 256
 }
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # by device kind, SXM parts
-
-
-def loop_time(model, batch: int, n: int, loop: int, reps: int) -> float:
-    """Seconds per forward over n new tokens at this batch, after CACHED cached tokens."""
-    cfg = model.config
-    cache = KVCache.init(cfg, batch, CACHED + n)._replace(lengths=jnp.full((batch,), CACHED, jnp.int32))
-
-    @jax.jit
-    def run(params, cache):
-        mask = jnp.tril(jnp.ones((batch, n, n), bool))
-        pos = cache.lengths[:, None] + jnp.arange(n)[None]
-
-        def body(i, acc):  # the tokens depend on i, so no forward is hoisted out of the loop
-            out = forward(cfg, params, jnp.full((batch, n), i, jnp.int32), positions=pos, cache=cache,
-                          tree_mask=mask)
-            return acc + out.logits[0, 0, 0].astype(jnp.float32)
-        return jax.lax.fori_loop(0, loop, body, 0.0)
-
-    run(model.params, cache).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run(model.params, cache).block_until_ready()
-        best = min(best, (time.perf_counter() - t0) / loop)
-    return best
 
 
 def weight_bytes(model) -> int:
@@ -93,7 +67,8 @@ def main():
                    "| batch | " + " | ".join(f"N={n}" for n in args.tokens) + " |",
                    "|---" * (len(args.tokens) + 1) + "|"]
             for b in args.batch:
-                ms = {n: 1e3 * loop_time(m, b, n, args.loop, args.reps) for n in args.tokens}
+                ms = {n: 1e3 * forward_seconds(m, b, n, cached=CACHED, cache_len=CACHED + n, loop=args.loop,
+                                               reps=args.reps) for n in args.tokens}
                 for n, t in ms.items():
                     rows.append(dict(shape=shape, dtype=dtype, batch=b, tokens=n, ms=round(t, 4),
                                      vs_ar=round(t / ms[1], 3), weight_bytes=size, device=dev.device_kind))

@@ -1,0 +1,40 @@
+"""The cost of one target forward over N new tokens, timed the way the decode loop runs it: a
+compiled loop of forwards, so no per-call dispatch is in the figure. N = 1 is an AR step; a
+verify pass over N tree nodes costs about a forward over N tokens."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from specjax.models import KVCache, Model, forward
+
+
+def forward_seconds(model: Model, batch: int, n: int, *, cached: int, cache_len: int, loop: int,
+                    reps: int) -> float:
+    """Seconds per forward over n new tokens (causal among themselves) at this batch, after
+    `cached` tokens in a cache of `cache_len` slots: the least of `reps` timed loops of `loop`
+    forwards, after a compiling one (interference on a shared machine only adds time)."""
+    cfg = model.config
+    cache = KVCache.init(cfg, batch, cache_len)._replace(lengths=jnp.full((batch,), cached, jnp.int32))
+
+    @jax.jit
+    def run(params, cache):
+        mask = jnp.tril(jnp.ones((batch, n, n), bool))
+        pos = cache.lengths[:, None] + jnp.arange(n)[None]
+
+        def body(i, acc):  # the tokens depend on i, so no forward is hoisted out of the loop
+            out = forward(cfg, params, jnp.full((batch, n), i, jnp.int32), positions=pos, cache=cache,
+                          tree_mask=mask)
+            return acc + out.logits[0, 0, 0].astype(jnp.float32)
+        return jax.lax.fori_loop(0, loop, body, 0.0)
+
+    run(model.params, cache).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run(model.params, cache).block_until_ready()
+        best = min(best, (time.perf_counter() - t0) / loop)
+    return best
