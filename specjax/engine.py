@@ -19,7 +19,7 @@ import numpy as np
 
 from specjax import sampling, sharding, verify
 from specjax.drafters.base import Context, Drafter, NoDrafter
-from specjax.models import KVCache, Model, ModelConfig, forward
+from specjax.models import ForwardOutput, KVCache, Model, ModelConfig, forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +43,7 @@ class DecodeState(NamedTuple):
     length: jax.Array  # int32[B]: committed tokens per row
     out: jax.Array
     num_out: jax.Array  # int32[B]
+    budget: jax.Array  # int32[B]: new tokens each row may emit (<= max_new_tokens; 0 = padding row)
     done: jax.Array  # bool[B]
     key: jax.Array
     target_calls: jax.Array  # int32[B]: target forwards while the row was active
@@ -116,9 +117,12 @@ def _eos_ids(eos_token_id) -> tuple[int, ...]:
 # ---- the loop -----------------------------------------------------------------------------------
 
 def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Array, key: jax.Array,
-            *, settings: DecodeSettings, cache_len: int) -> DecodeState:
-    """Cache every prompt token but the last (the last is the first root); start the drafter."""
+            *, settings: DecodeSettings, cache_len: int, budget: jax.Array | None = None) -> DecodeState:
+    """Cache every prompt token but the last (the last is the first root); start the drafter.
+    budget: int32[B], the new tokens each row may emit (default max_new_tokens; a row with 0
+    is padding, done from the start)."""
     b = prompts.shape[0]
+    budget = jnp.full((b,), settings.max_new_tokens, jnp.int32) if budget is None else budget
     cache = KVCache.init(model.config, b, cache_len)
     pre = None  # the prefill's hidden states go to the drafter (head drafters start from them)
     if prompts.shape[1] > 1:
@@ -129,7 +133,7 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
     return sharding.constrain_caches(DecodeState(
         cache=cache._replace(lengths=lengths - 1), history=history, length=lengths,
         out=jnp.full((b, settings.max_new_tokens), -1, jnp.int32),
-        num_out=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), key=key,
+        num_out=jnp.zeros((b,), jnp.int32), budget=budget, done=budget <= 0, key=key,
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
         drafter_state=drafter.init_from_prefill(model, prompts, lengths, cache_len, pre)))
@@ -142,12 +146,11 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     ctx = Context(state.history, state.length, settings.sampling)
     tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
     positions = tree.positions(state.cache.lengths)
-    out = forward(model.config, model.params, tree.tokens, positions=positions, cache=state.cache,
-                  tree_mask=tree.ancestors, return_layers=drafter.target_layers,
-                  inject=drafter.injection(dstate, tree, positions))
+    active = ~state.done
+    out = _verify_forward(model, drafter, tree, positions, state.cache,
+                          drafter.injection(dstate, tree, positions), active)
     logits = out.logits[:, : tree.num_nodes]
     verdict = verifier(tree, sampling.probs(logits, settings.sampling), verify_key)
-    active = ~state.done
     cache = out.cache.commit(verdict.path, verdict.num_accepted)
     cache = cache._replace(lengths=jnp.where(active, cache.lengths, state.cache.lengths))
     dstate = drafter.update(dstate, ctx, tree, verdict, out)
@@ -157,8 +160,38 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     return sharding.constrain_caches(_emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings))
 
 
+def _verify_forward(model: Model, drafter: Drafter, tree, positions: jax.Array, cache: KVCache,
+                    inject, active: jax.Array):
+    """The target's forward over the tree. A drafter with several `tree_sizes` is verified at
+    the smallest size that holds every active row's valid nodes (a `lax.switch` over one
+    forward per size; nodes are topologically ordered, so the first n form a tree), so a step
+    with little to verify costs a small forward. Outputs are padded back to the tree's N."""
+    def run(n, write_cache=True):
+        return forward(model.config, model.params, tree.tokens[:, :n], positions=positions[:, :n],
+                       cache=cache, tree_mask=tree.ancestors[:, :n, :n], write_cache=write_cache,
+                       return_layers=drafter.target_layers, inject=inject)
+
+    sizes, n_max = drafter.tree_sizes, tree.num_nodes
+    if len(sizes) == 1:
+        return run(n_max)
+
+    def padded(n):  # the cache is only read in here: it is written once, after the switch
+        def pad(x, axis):
+            return jnp.pad(x, [(0, n_max - n if a == axis else 0) for a in range(x.ndim)])
+        out = run(n, write_cache=False)
+        return (pad(out.logits, 1), pad(out.hidden, 1),
+                None if out.layer_hidden is None else pad(out.layer_hidden, 2),
+                tuple(pad(x, 2) for x in out.new_kv))
+
+    used = jnp.max(jnp.where(tree.valid & active[:, None], jnp.arange(n_max) + 1, 1))
+    which = jnp.searchsorted(jnp.array(sizes), used)  # the smallest size >= used
+    logits, hidden, layer_hidden, new_kv = jax.lax.switch(
+        which, [functools.partial(padded, n) for n in sizes])
+    return ForwardOutput(logits, hidden, layer_hidden, cache.write(*new_kv))
+
+
 def _emit(state: DecodeState, new: jax.Array, count: jax.Array, settings: DecodeSettings) -> DecodeState:
-    """Append new[b, :count[b]] to active rows (output cut at EOS and max_new_tokens; the
+    """Append new[b, :count[b]] to active rows (output cut at EOS and the row's budget; the
     history takes all of them, so the next root is the last new token)."""
     b, width = new.shape
     rows = jnp.arange(b)[:, None]
@@ -175,19 +208,21 @@ def _emit(state: DecodeState, new: jax.Array, count: jax.Array, settings: Decode
         hit_eos = is_eos.any(1)
     else:
         hit_eos = jnp.zeros((b,), bool)
-    valid &= idx < (settings.max_new_tokens - state.num_out)[:, None]
+    valid &= idx < (state.budget - state.num_out)[:, None]
     pos = jnp.where(valid, state.num_out[:, None] + idx, settings.max_new_tokens)
     out = state.out.at[rows, pos].set(new, mode="drop")
     num_out = state.num_out + valid.sum(1).astype(jnp.int32)
-    done = state.done | hit_eos | (num_out >= settings.max_new_tokens)
+    done = state.done | hit_eos | (num_out >= state.budget)
     return state._replace(history=history, length=length, out=out, num_out=num_out, done=done,
                           target_calls=state.target_calls + active.astype(jnp.int32))
 
 
-def decode(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Array, key: jax.Array, *,
-           settings: DecodeSettings, verifier: verify.Verifier, cache_len: int) -> DecodeState:
+def decode(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Array, key: jax.Array,
+           budget: jax.Array | None = None, *, settings: DecodeSettings, verifier: verify.Verifier,
+           cache_len: int) -> DecodeState:
     """Prefill and run the loop to the end, all on the device."""
-    state = prefill(model, drafter, prompts, lengths, key, settings=settings, cache_len=cache_len)
+    state = prefill(model, drafter, prompts, lengths, key, settings=settings, cache_len=cache_len,
+                    budget=budget)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                               lambda s: step(model, drafter, s, settings=settings, verifier=verifier),
                               state)
@@ -198,29 +233,61 @@ _decode_jit = jax.jit(decode, static_argnames=("settings", "verifier", "cache_le
 
 # ---- public entry points ------------------------------------------------------------------------
 
+def bucket(n: int, floor: int = 16) -> int:
+    """The size a request of n compiles at: the next power of two, at least `floor`. `generate`
+    and `stream` pad the prompt length, the output length and (floor 1) the batch to buckets, so
+    a session of varied requests compiles a few programs, not one per call."""
+    return max(floor, 1 << (int(n) - 1).bit_length())
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
-    """The static pieces of one decode, resolved and checked on the host."""
+    """The static pieces of one decode, resolved and checked on the host. `settings.max_new_tokens`
+    and `prompt_len` are the compiled sizes (buckets, for generate/stream); `max_new_tokens` is
+    what was asked for."""
 
     drafter: Drafter
     verifier: verify.Verifier
     settings: DecodeSettings
     cache_len: int
+    prompt_len: int
+    max_new_tokens: int
 
 
 def _plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter, verifier,
-          max_new_tokens, temperature, top_k, top_p, eos_token_id) -> _Plan:
-    settings = DecodeSettings(max_new_tokens, sampling.SamplingParams(float(temperature), top_k, top_p),
-                              _eos_ids(eos_token_id))
+          max_new_tokens, temperature, top_k, top_p, eos_token_id, bucketed: bool = False) -> _Plan:
+    params = sampling.SamplingParams(float(temperature), top_k, top_p)
+    asked = DecodeSettings(max_new_tokens, params, _eos_ids(eos_token_id))
     drafter = NoDrafter() if drafter is None else drafter
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a specjax drafter (sj.drafters.*), got {type(drafter).__name__}")
+    sizes = drafter.tree_sizes
+    if list(sizes) != sorted(set(sizes)) or sizes[0] < 1 or sizes[-1] != drafter.num_nodes:
+        raise ValueError(f"{type(drafter).__name__}.tree_sizes must ascend from >= 1 to num_nodes = "
+                         f"{drafter.num_nodes}, got {sizes}")
     if target is not None:
         drafter.check(target)
-    verifier = drafter.default_verifier(settings.sampling) if verifier is None else verifier
+    verifier = drafter.default_verifier(params) if verifier is None else verifier
     if not isinstance(verifier, verify.Verifier):
         raise TypeError(f"verifier must be a specjax rule (sj.verify.*), got {type(verifier).__name__}")
-    return _Plan(drafter, verifier, settings, cache_size(config, prompt_len, settings, drafter.num_nodes))
+    cache_size(config, prompt_len, asked)  # raises when the positions cannot hold the request
+    width = bucket(prompt_len) if bucketed else prompt_len
+    settings = dataclasses.replace(asked, max_new_tokens=bucket(max_new_tokens)) if bucketed else asked
+    return _Plan(drafter, verifier, settings, width + settings.max_new_tokens + drafter.num_nodes,
+                 width, max_new_tokens)
+
+
+def _bucketed_batch(plan: _Plan, mesh, padded: np.ndarray, lengths: np.ndarray):
+    """Prompts padded to the plan's width and the batch to its bucket with rows of budget 0
+    (done from the start), then to fill the mesh's 'data' axis: (prompts, lengths, budget)."""
+    b = len(padded)
+    extra = bucket(b, floor=1) - b
+    rows = np.zeros((b + extra, plan.prompt_len), np.int32)
+    rows[:b, : padded.shape[1]] = padded
+    rows[b:] = rows[b - 1]
+    lens = np.concatenate([lengths, np.repeat(lengths[-1:], extra)])
+    budget = np.array([plan.max_new_tokens] * b + [0] * extra, np.int32)
+    return sharding.pad_batch(mesh, rows, lens, budget)
 
 
 def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int = 64, drafter=None,
@@ -228,14 +295,18 @@ def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int =
                   top_p: float | None = None, eos_token_id=None):
     """The decode loop as a pure function `(params, prompts int[B, prompt_len], lengths int[B],
     key, drafter=drafter) -> (tokens int32[B, max_new_tokens], num_tokens int32[B])`, for use
-    inside the caller's jit / vmap / sharded pipeline. Prompts are right-padded; lengths[b] >= 1.
-    Pass the drafter as an argument to keep its weights traced rather than baked in. Sharded
-    (params from `sj.shard`, prompts from `sj.sharding.shard_batch`): trace it under
+    inside the caller's jit / vmap / sharded pipeline. Prompts are right-padded with ids in
+    [0, vocab_size) and 1 <= lengths[b] <= prompt_len: called with concrete arrays it checks
+    that; traced, it cannot, and out-of-range ids would read clamped embeddings. Pass the
+    drafter as an argument to keep its weights traced rather than baked in. Sharded (params
+    from `sj.shard`, prompts from `sj.sharding.shard_batch`): trace it under
     `jax.set_mesh(mesh)`, which pins the KV caches and keeps the Pallas kernels out."""
     plan = _plan(config, None, prompt_len, drafter, verifier, max_new_tokens, temperature, top_k,
                  top_p, eos_token_id)
 
     def generate_fn(params, prompts, lengths, key, drafter=plan.drafter):
+        if not isinstance(prompts, jax.core.Tracer) and not isinstance(lengths, jax.core.Tracer):
+            _check_padded(np.asarray(prompts), np.asarray(lengths), config.vocab_size, prompt_len)
         s = decode(Model(params, config), drafter, prompts, lengths, key, settings=plan.settings,
                    verifier=plan.verifier, cache_len=plan.cache_len)
         return s.out, s.num_out
@@ -243,42 +314,61 @@ def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int =
     return generate_fn
 
 
+def _check_padded(prompts: np.ndarray, lengths: np.ndarray, vocab_size: int, prompt_len: int) -> None:
+    if prompts.ndim != 2 or prompts.shape[1] != prompt_len or lengths.shape != prompts.shape[:1]:
+        raise ValueError(f"prompts must be int[B, {prompt_len}] and lengths int[B], got "
+                         f"{list(prompts.shape)} and {list(lengths.shape)}")
+    if np.any((lengths < 1) | (lengths > prompt_len)):
+        raise ValueError(f"lengths must be in [1, {prompt_len}], got {lengths.tolist()}")
+    real = np.arange(prompt_len)[None, :] < lengths[:, None]
+    bad = prompts[real & ((prompts < 0) | (prompts >= vocab_size))]
+    if bad.size:
+        raise ValueError(f"prompts hold token ids outside the vocabulary [0, {vocab_size}): {bad[:5].tolist()}")
+
+
 def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter=None, verifier=None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              key: jax.Array | None = None, eos_token_id=None) -> GenerateOutput:
     """Generate up to `max_new_tokens` per prompt; the whole loop is one compiled while_loop.
     `drafter=None` is plain autoregressive decoding; `verifier=None` picks the exact rule that
-    fits the drafter and the temperature. A model laid out on a mesh (`sj.shard`) decodes
-    sharded: the batch over 'data' (the last prompt repeated to fill it), the drafter laid out
-    on the same mesh."""
+    fits the drafter and the temperature. Prompt length, max_new_tokens and batch size are
+    padded to buckets (see `bucket`), so varied requests reuse a few compiled programs; a new
+    drafter, verifier, sampling setting or EOS list compiles anew. The stats give decoding
+    time (`wall_time_s`, `tokens_per_s`) without compilation, and `compile_s` apart. A model
+    laid out on a mesh (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid
+    out on the same mesh."""
     padded, lengths = pad_prompts(prompts, model.config.vocab_size)
     plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
-                 temperature, top_k, top_p, eos_token_id)
+                 temperature, top_k, top_p, eos_token_id, bucketed=True)
     key = jax.random.key(0) if key is None else key
     mesh = sharding.mesh_of(model)
     drafter = plan.drafter if mesh is None else sharding.shard(plan.drafter, mesh)
-    rows, lens = sharding.pad_batch(mesh, padded, lengths)
-    t0 = time.perf_counter()
+    rows, lens, budget = (sharding.shard_batch(mesh, x) for x in _bucketed_batch(plan, mesh, padded, lengths))
+    compiled_before, t0 = _compile_seconds(), time.perf_counter()
     with sharding.use_mesh(mesh):
-        state = _decode_jit(model, drafter, sharding.shard_batch(mesh, rows), sharding.shard_batch(mesh, lens),
-                            key, settings=plan.settings, verifier=plan.verifier, cache_len=plan.cache_len)
+        state = _decode_jit(model, drafter, rows, lens, key, budget, settings=plan.settings,
+                            verifier=plan.verifier, cache_len=plan.cache_len)
     tokens, num, calls, hist = (x[: len(padded)] for x in sharding.to_host(
         (state.out, state.num_out, state.target_calls, state.accepted_hist)))
-    wall = time.perf_counter() - t0
-    return GenerateOutput(np.asarray(tokens), np.asarray(num),
-                          _stats(plan, num, calls, hist, wall))
+    compile_s = _compile_seconds() - compiled_before
+    wall = time.perf_counter() - t0 - compile_s
+    return GenerateOutput(np.asarray(tokens)[:, :max_new_tokens], np.asarray(num),
+                          _stats(plan, num, calls, hist, wall, compile_s))
 
 
-def _stats(plan: _Plan, num_tokens, target_calls, accepted_hist, wall: float) -> dict:
+def _stats(plan: _Plan, num_tokens, target_calls, accepted_hist, wall: float, compile_s: float = 0.0) -> dict:
     """tau = committed tokens per target forward (bonus included, output cut-offs excluded);
-    acceptance_per_depth[d-1] = P(depth d accepted | depth d-1 accepted)."""
+    acceptance_per_depth[d-1] = P(depth d accepted | depth d-1 accepted). wall_time_s is the
+    decoding alone; compile_s the tracing and compiling this call paid."""
     hist = accepted_hist.sum(0)
     steps = int(hist.sum())
     reach = hist[::-1].cumsum()[::-1]  # reach[d] = steps that accepted >= d drafts
     committed = float((hist * np.arange(len(hist))).sum() + hist.sum())
+    ar = isinstance(plan.drafter, NoDrafter)
     return {
         "method": plan.drafter.name,
-        "verifier": type(plan.verifier).__name__,
+        "verifier": (f"none ({'greedy' if plan.settings.sampling.greedy else 'sampling'})" if ar
+                     else type(plan.verifier).__name__),
         "tau": committed / max(steps, 1),
         "steps": steps,
         "committed_tokens": int(committed),
@@ -287,8 +377,28 @@ def _stats(plan: _Plan, num_tokens, target_calls, accepted_hist, wall: float) ->
                                  for d in range(1, len(hist))],
         "new_tokens": int(num_tokens.sum()),
         "wall_time_s": wall,
+        "compile_s": compile_s,
         "tokens_per_s": float(num_tokens.sum() / wall) if wall > 0 else float("inf"),
     }
+
+
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_compiled = [0.0]
+
+
+def _on_event(event: str, duration: float, **_):
+    if event in _COMPILE_EVENTS:
+        _compiled[0] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def _compile_seconds() -> float:
+    """Seconds this process has spent tracing, lowering and compiling (JAX's monitoring events)."""
+    return _compiled[0]
 
 
 def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, drafter=None,
@@ -296,33 +406,33 @@ def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, dra
            top_p: float | None = None, key: jax.Array | None = None,
            eos_token_id=None) -> Iterator[list[int]]:
     """Yield the new token ids of one prompt as each jitted step produces them (a host loop over
-    the same step `generate` compiles into its while_loop, for CLIs). Both functions are
-    compiled before the first token, so the timing in the returned stats dict (the generator's
-    StopIteration.value) is decoding alone."""
+    the same step `generate` compiles into its while_loop, for CLIs; shapes bucketed as there).
+    The generator's return value (StopIteration.value) is the stats dict, with the same
+    timing as `generate`'s: decoding alone, and `compile_s` apart."""
     padded, lengths = pad_prompts([list(prompt)], model.config.vocab_size)
     plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
-                 temperature, top_k, top_p, eos_token_id)
+                 temperature, top_k, top_p, eos_token_id, bucketed=True)
     key = jax.random.key(0) if key is None else key
-    args = (model, plan.drafter, jnp.asarray(padded), jnp.asarray(lengths), key)
-    statics = dict(settings=plan.settings, cache_len=plan.cache_len)
-    with sharding.use_mesh(sharding.mesh_of(model)):  # a sharded model: traced for its mesh
-        prefill_fn = _prefill_jit.lower(*args, **statics).compile()  # compile before the clock starts
-        state_shape = sharding.abstract(jax.eval_shape(functools.partial(prefill, **statics), *args),
-                                        prefill_fn.output_shardings)
-        step_fn = _step_jit.lower(model, plan.drafter, state_shape, settings=plan.settings,
-                                  verifier=plan.verifier).compile()
-    t0 = time.perf_counter()
-    state = prefill_fn(*args)
+    mesh = sharding.mesh_of(model)
+    drafter = plan.drafter if mesh is None else sharding.shard(plan.drafter, mesh)
+    rows, lens, budget = (sharding.shard_batch(mesh, x) for x in _bucketed_batch(plan, mesh, padded, lengths))
+    compiled_before, t0 = _compile_seconds(), time.perf_counter()
+    with sharding.use_mesh(mesh):  # a sharded model: traced for its mesh
+        state = _prefill_jit(model, drafter, rows, lens, key, budget=budget, settings=plan.settings,
+                             cache_len=plan.cache_len)
     emitted = 0
     while True:
-        state = step_fn(model, plan.drafter, state)
-        out, num, done = jax.device_get((state.out, state.num_out, state.done))
+        with sharding.use_mesh(mesh):
+            state = _step_jit(model, drafter, state, settings=plan.settings, verifier=plan.verifier)
+        out, num, done = sharding.to_host((state.out, state.num_out, state.done))
         if num[0] > emitted:  # slice on the host: a device slice would compile per (start, stop)
             yield out[0, emitted: num[0]].tolist()
             emitted = int(num[0])
         if done[0]:
-            return _stats(plan, *jax.device_get((state.num_out, state.target_calls, state.accepted_hist)),
-                          time.perf_counter() - t0)
+            compile_s = _compile_seconds() - compiled_before
+            return _stats(plan, *(x[:1] for x in sharding.to_host(
+                (state.num_out, state.target_calls, state.accepted_hist))),
+                time.perf_counter() - t0 - compile_s, compile_s)
 
 
 _prefill_jit = jax.jit(prefill, static_argnames=("settings", "cache_len"))

@@ -64,6 +64,12 @@ class Drafter:
         raise NotImplementedError
 
     @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        """The node counts the engine may verify a tree at, ascending, the last `num_nodes`:
+        each step runs the smallest that holds the valid nodes (one compiled forward each)."""
+        return (self.num_nodes,)
+
+    @property
     def target_layers(self) -> tuple[int, ...]:
         """Decoder layers whose outputs `update` reads from the target (heads use them)."""
         return ()

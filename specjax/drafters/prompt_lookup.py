@@ -3,7 +3,7 @@
 As `find_candidate_pred_tokens` in apoorvumang/prompt-lookup-decoding: for n = max_ngram down
 to min_ngram, match the last n committed tokens against every earlier window of the prompt
 plus the generated text; the first (earliest) match wins and the next `num_tokens` tokens
-become a chain. Deterministic drafts (q = point mass): TopK when sampling, Greedy at T = 0.
+become a chain, verified as the root alone when nothing matched. Deterministic drafts (q = point mass): TopK when sampling, Greedy at T = 0.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class PromptLookup(Drafter):
     @property
     def max_depth(self) -> int:
         return self.num_tokens
+
+    @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        """Root only when no n-gram matched: such a step costs what an AR step costs."""
+        return (1, self.num_nodes)
 
     def propose(self, state, ctx: Context, key):
         tokens, length = ctx.tokens, ctx.length

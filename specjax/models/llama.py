@@ -29,6 +29,7 @@ class ForwardOutput(NamedTuple):
     hidden: jax.Array  # [B, T, E]: the final normed hidden state (what the LM head reads)
     layer_hidden: jax.Array | None  # [len(return_layers), B, T, E]: outputs of chosen layers
     cache: KVCache | None
+    new_kv: tuple[jax.Array, jax.Array] | None = None  # the T new K, V [L, B, T, KV, hd], when not written
 
 
 class Injection(NamedTuple):
@@ -166,7 +167,8 @@ def _mlp_block(lp, x):
 def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
             positions: jax.Array | None = None, cache: KVCache | None = None,
             tree_mask: jax.Array | None = None, return_layers: tuple[int, ...] = (),
-            compute_logits: bool = True, inject: Injection | None = None) -> ForwardOutput:
+            compute_logits: bool = True, inject: Injection | None = None,
+            write_cache: bool = True) -> ForwardOutput:
     """Run the model on `tokens` int[B, T].
 
     positions: int[B, T]; default `cache.lengths + arange(T)` (or `arange(T)` without a cache).
@@ -175,6 +177,8 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     tree_mask: bool[B, T, T], which new tokens each new token sees; default causal.
     return_layers: indices of decoder layers whose outputs (pre final norm) to return.
     inject: extra positions (see Injection); the outputs then cover T + M positions.
+    write_cache: False returns the new K/V in `new_kv` and the cache untouched (for callers that
+      write them later, outside a `lax.switch`, where XLA would copy a cache updated inside).
     """
     c = config
     b, t = tokens.shape
@@ -217,8 +221,10 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     hidden = rms_norm(x, params["norm"], c.rms_norm_eps)
     logits = lm_head(config, params, hidden) if compute_logits else None
     # one scatter of every layer's new entries (not the injected ones) at slots [lengths, lengths + T)
-    new_cache = None if cache is None else cache.write(k_new[:, :, :t], v_new[:, :, :t])
-    return ForwardOutput(logits, hidden, layer_hidden, new_cache)
+    k_new, v_new = k_new[:, :, :t], v_new[:, :, :t]
+    if cache is None or not write_cache:
+        return ForwardOutput(logits, hidden, layer_hidden, cache, (k_new, v_new))
+    return ForwardOutput(logits, hidden, layer_hidden, cache.write(k_new, v_new))
 
 
 def lm_head_weight(config: ModelConfig, params: dict):
