@@ -139,7 +139,7 @@ def cmd_convert(args) -> None:
 def cmd_bench(args) -> None:
     import shlex
 
-    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, markdown, run, skipped, write
+    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, caveat, markdown, run, skipped, write
 
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
                       batches=tuple(args.batch), num_prompts=args.num_prompts,
@@ -153,6 +153,8 @@ def cmd_bench(args) -> None:
     command = "python -m specjax " + shlex.join(args.argv)
     write(rows, cfg, Path(args.out), command, skipped(cfg))
     print(markdown(rows, skipped(cfg)))
+    if caveat(cfg):
+        print(f"\n{caveat(cfg)}")
     print(f"\nwrote {args.out}/results.json, results.md, chart.png")
 
 
