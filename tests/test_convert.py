@@ -149,6 +149,21 @@ def test_bad_generate_input(small, kwargs, message):
         sj.generate(small, **kwargs)
 
 
+@pytest.mark.parametrize("tokens, message", [
+    ([[1, 50]], r"outside the vocabulary \[0, 50\): \[50\]"), ([[-3, 1]], r"outside the vocabulary.*\[-3\]"),
+    ([1, 2], r"integer ids \[B, T\]"), ([[0.5]], r"integer ids \[B, T\]"),
+    ([[1] * 21], "21 tokens exceed the model's max_position_embeddings 20"),
+])
+def test_bad_forward_input(small, tokens, message):
+    with pytest.raises(ValueError, match=message):
+        sj.forward(small, jnp.array(tokens))
+
+
+def test_forward_checks_only_concrete_tokens(small):
+    want = sj.forward(small, [[1, 2, 49]])
+    np.testing.assert_allclose(jax.jit(sj.forward)(small, jnp.array([[1, 2, 49]])), want, atol=1e-6)
+
+
 def test_generate_accepts_arrays_and_single_lists(small):
     a = sj.generate(small, jnp.array([[1, 2, 3]]), max_new_tokens=3).tokens
     b = sj.generate(small, [1, 2, 3], max_new_tokens=3).tokens
