@@ -15,6 +15,8 @@ class UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from specjax.drafters.named import NAMED
+
     ap = argparse.ArgumentParser(prog="python -m specjax", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -27,14 +29,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--drafter", default=DEFAULT_DRAFTER,
-                   help="ar, draft-chain, draft-iid, draft-gumbel, draft-beam, draft-topk, "
-                        f"prompt-lookup, lookahead, recycling (default: {DEFAULT_DRAFTER})")
+                   help=f"{', '.join(NAMED)} (default: {DEFAULT_DRAFTER}; settings in specjax/drafters/named.py)")
 
     c = sub.add_parser("convert", help="convert an HF folder to a specjax checkpoint (or back)")
     c.add_argument("src", help="HF folder or specjax checkpoint")
     c.add_argument("out")
     c.add_argument("--format", choices=("specjax", "hf"), default="specjax")
     c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    c.add_argument("--force", action="store_true", help="replace OUT if it holds a model already")
     bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on held-out code")
     bn.add_argument("--model", default="tiny")
     bn.add_argument("--draft", default="tiny-draft", help="draft model for draft-*, adaptive-draft-chain, hf-assisted")
@@ -68,12 +70,17 @@ def cmd_generate(args) -> None:
 
     import specjax as sj
     from specjax.convert import resolve
-    from specjax.sampling import SamplingParams
-
     from specjax.drafters.named import NAMED, named_drafter
+    from specjax.engine import DecodeSettings, cache_size
+    from specjax.sampling import SamplingParams
 
     if args.drafter not in NAMED:
         raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(NAMED)}")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogate escapes
+        raise UsageError(f"--prompt is not valid UTF-8 (byte 0x{ord(e.object[e.start]) & 0xFF:02x} "
+                         f"at character {e.start})") from None
     try:
         SamplingParams(args.temperature, args.top_k, args.top_p)
         if args.max_new_tokens < 1:
@@ -90,6 +97,7 @@ def cmd_generate(args) -> None:
     if not ids:
         raise UsageError("--prompt is empty after tokenization")
     try:
+        cache_size(model.config, len(ids), DecodeSettings(args.max_new_tokens))  # before the echo
         drafter = named_drafter(args.drafter, model)
         steps = sj.stream(model, ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -118,15 +126,20 @@ def cmd_convert(args) -> None:
         model = sj.load(args.src, dtype=args.dtype)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    sj.save(model, args.out, format=args.format)
-    print(f"wrote {args.format} checkpoint to {args.out} "
-          f"({model.config.model_type}, {model.config.num_params / 1e6:.2f}M parameters)")
+    try:
+        sj.save(model, args.out, format=args.format, tokenizer=args.src, overwrite=args.force)
+    except OSError as e:
+        raise UsageError(str(e)) from None
+    copied = (Path(args.out) / "tokenizer.json").is_file()
+    print(f"wrote {args.format} checkpoint to {args.out} ({model.config.model_type}, "
+          f"{model.config.num_params / 1e6:.2f}M parameters, "
+          f"{'tokenizer copied' if copied else 'no tokenizer: the source has none'})")
 
 
 def cmd_bench(args) -> None:
     import shlex
 
-    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, markdown, run, skipped, write
+    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, caveat, markdown, run, skipped, write
 
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
                       batches=tuple(args.batch), num_prompts=args.num_prompts,
@@ -140,6 +153,8 @@ def cmd_bench(args) -> None:
     command = "python -m specjax " + shlex.join(args.argv)
     write(rows, cfg, Path(args.out), command, skipped(cfg))
     print(markdown(rows, skipped(cfg)))
+    if caveat(cfg):
+        print(f"\n{caveat(cfg)}")
     print(f"\nwrote {args.out}/results.json, results.md, chart.png")
 
 

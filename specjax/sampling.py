@@ -9,6 +9,7 @@ index), so greedy and sampled decoding share one code path.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -23,16 +24,22 @@ class SamplingParams:
     top_p: float | None = None
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+        if not _number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.top_k is not None and (not _number(self.top_k) or not isinstance(self.top_k, int)
+                                       or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
-        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
+        if self.top_p is not None and (not _number(self.top_p) or not 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _number(x) -> bool:
+    """A finite real number (NaN, inf and bools are not)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def probs(logits: jax.Array, params: SamplingParams) -> jax.Array:

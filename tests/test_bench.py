@@ -12,7 +12,7 @@ import pytest
 
 import specjax as sj
 from specjax.__main__ import main
-from specjax.bench.harness import BenchConfig, skipped
+from specjax.bench.harness import BenchConfig, caveat, skipped, write
 from specjax.convert import ASSETS
 
 pytest.importorskip("transformers")
@@ -62,7 +62,9 @@ def test_bench_quick(models, tmp_path, capsys):
     assert sum(rows["adaptive-prompt-lookup"]["k_counts"].values()) > 0
     assert "torch" in result["machine"] and "threads" in result["machine"]
     assert (out / "chart.png").stat().st_size > 0 and (out / "results.md").exists()
-    assert "hf-assisted" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "hf-assisted" in printed and "Not representative:** 16 new tokens x 2 prompts" in printed
+    assert "Not representative" in (out / "results.md").read_text()
 
 
 def test_peers_skipped_above_batch_1():
@@ -73,3 +75,11 @@ def test_peers_skipped_above_batch_1():
 def test_unknown_method_is_a_usage_error(tmp_path, capsys):
     assert main(["bench", "--quick", "--methods", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown methods" in capsys.readouterr().err
+
+
+def test_small_runs_are_marked_not_representative(tmp_path):
+    row = {"method": "ar", "batch": 1, "verifier": "Greedy", "tau": 1.0, "acceptance_per_depth": [],
+           "tokens_per_s": 9.0, "speedup": 1.0, "lossy": False}
+    write([row], BenchConfig(num_prompts=2, max_new_tokens=16, repeats=1), tmp_path, "cmd")
+    assert (tmp_path / "results.md").read_text().startswith("**Not representative:** 16 new tokens x 2 prompts")
+    assert caveat(BenchConfig()) == ""

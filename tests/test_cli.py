@@ -12,6 +12,7 @@ import torch
 import transformers
 
 import specjax as sj
+from specjax.__main__ import main
 from specjax.convert import resolve
 
 
@@ -56,9 +57,10 @@ def test_generate_command_matches_the_library():
 @pytest.mark.parametrize("args, message", [
     (["--model", "/nonexistent/folder"], "no model at '/nonexistent/folder'"),
     (["--drafter", "bogus"], "unknown --drafter 'bogus'"),
-    (["--temperature", "-1"], "temperature must be a number >= 0"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
     (["--top-p", "2", "--temperature", "1"], r"top_p must be in (0, 1]"),
     (["--top-k", "0", "--temperature", "1"], "top_k must be an integer >= 1"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, message):
     r = run("generate", "--prompt", "x = 1", *args, timeout=120)
@@ -79,3 +81,42 @@ def test_folder_without_tokenizer_or_with_bad_config(tmp_path):
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     r = run("generate", "--prompt", "x", "--model", str(tmp_path / "bad"), timeout=120)
     assert r.returncode == 2 and "unsupported model_type 'bert'" in r.stderr
+
+
+def one_line_error(capsys, argv) -> str:
+    """Run the CLI in this process; assert exit code 2 and one line on stderr, and return it."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    return out, err
+
+
+def test_help_lists_every_named_drafter(capsys):
+    from specjax.drafters.named import NAMED
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(f"{name}," in text or f"{name} (default" in text for name in NAMED), text
+
+
+def test_prompt_longer_than_the_context_fails_before_the_echo(capsys):
+    out, err = one_line_error(capsys, ["generate", "--prompt", "x = 1\n" * 3000, "--max-new-tokens", "1000000000"])
+    assert out == "" and "exceeds the model's max_position_embeddings 2048" in err
+    assert "+ max_new_tokens 1000000000" in err
+
+
+def test_non_utf8_prompt_is_one_line(capsys):
+    prompt = b"x = '\xff'".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
+    _, err = one_line_error(capsys, ["generate", "--prompt", prompt])
+    assert "--prompt is not valid UTF-8 (byte 0xff at character 5)" in err
+
+
+def test_truncated_weights_are_one_line(tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(resolve("tiny-draft"), tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--model", str(tmp_path / "m")])
+    assert f"{weights}: not a readable safetensors file" in err

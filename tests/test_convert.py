@@ -56,6 +56,38 @@ def test_convert_command(hf_family, tmp_path):
     np.testing.assert_array_equal(sj.load(tmp_path / "o").params["embed"], sj.load(folder).params["embed"])
 
 
+def test_convert_copies_the_tokenizer_and_never_overwrites_silently(tmp_path, capsys):
+    from specjax.__main__ import main
+
+    out = tmp_path / "o"
+    assert main(["convert", "tiny-draft", str(out), "--format", "hf"]) == 0
+    assert "tokenizer copied" in capsys.readouterr().out
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (sj.convert.resolve("tiny-draft") / name).read_bytes()
+    assert main(["convert", "tiny-draft", str(out)]) == 2  # exists: one line, nothing touched
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out} exists; pass overwrite=True (--force)" in err
+    assert not (out / "specjax_config.json").exists()
+    assert main(["convert", str(out), str(out), "--force"]) == 0  # in place, tokenizer kept
+    assert (out / "specjax_config.json").is_file() and (out / "tokenizer.json").is_file()
+    assert not (out / "model.safetensors").exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a model folder"):
+        sj.save(sj.load(out), tmp_path / "notes", overwrite=True)
+    with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
+        sj.save(sj.load(out), tmp_path / "notes" / "a.txt", format="hf")
+    assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
+
+
+def test_truncated_weights_are_named(hf_family, tmp_path):
+    _, folder = hf_family("qwen2-tied")
+    d = _copy(folder, tmp_path / "m")
+    (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"model.safetensors: not a readable safetensors file"):
+        sj.load(d)
+
+
 def _copy(folder, dst):
     shutil.copytree(folder, dst)
     return dst
@@ -106,7 +138,7 @@ def small():
     (dict(prompts=[[1, 50]]), r"outside the vocabulary \[0, 50\): \[50\]"),
     (dict(prompts=[[1, -1]]), "outside the vocabulary"),
     (dict(prompts=[[1], []]), "prompt 1 is empty"),
-    (dict(prompts=[[1]], temperature=-0.5), "temperature must be a number >= 0"),
+    (dict(prompts=[[1]], temperature=-0.5), "temperature must be a finite number >= 0"),
     (dict(prompts=[[1]], temperature=1.0, top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(prompts=[[1]], temperature=1.0, top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(prompts=[[1]], temperature=1.0, top_k=0), "top_k must be an integer >= 1"),
@@ -115,6 +147,21 @@ def small():
 def test_bad_generate_input(small, kwargs, message):
     with pytest.raises(ValueError, match=message):
         sj.generate(small, **kwargs)
+
+
+@pytest.mark.parametrize("tokens, message", [
+    ([[1, 50]], r"outside the vocabulary \[0, 50\): \[50\]"), ([[-3, 1]], r"outside the vocabulary.*\[-3\]"),
+    ([1, 2], r"integer ids \[B, T\]"), ([[0.5]], r"integer ids \[B, T\]"),
+    ([[1] * 21], "21 tokens exceed the model's max_position_embeddings 20"),
+])
+def test_bad_forward_input(small, tokens, message):
+    with pytest.raises(ValueError, match=message):
+        sj.forward(small, jnp.array(tokens))
+
+
+def test_forward_checks_only_concrete_tokens(small):
+    want = sj.forward(small, [[1, 2, 49]])
+    np.testing.assert_allclose(jax.jit(sj.forward)(small, jnp.array([[1, 2, 49]])), want, atol=1e-6)
 
 
 def test_generate_accepts_arrays_and_single_lists(small):

@@ -53,6 +53,8 @@ def test_greedy_is_one_hot_with_ties_to_lowest_index():
     ({"temperature": -0.1}, "temperature"), ({"temperature": "hot"}, "temperature"),
     ({"top_k": 0}, "top_k"), ({"top_k": 2.5}, "top_k"),
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"temperature": float("nan")}, "finite"), ({"temperature": float("inf")}, "finite"),
+    ({"top_p": float("nan")}, "top_p"), ({"top_k": float("inf")}, "top_k"), ({"top_k": True}, "top_k"),
 ])
 def test_invalid_params(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -88,8 +88,8 @@ def test_bad_paths_and_objective(corpus, tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown objective 'medusa9'"):
         train(from_dict(raw), progress=False)
     raw = raw_config(corpus, tmp_path / "r", steps=1)
-    raw["data"]["tokenizer"] = str(tmp_path / "missing")
-    with pytest.raises(FileNotFoundError, match="tokenizer not found"):
+    raw["data"].update(tokenizer=str(tmp_path / "tok"), corpus=str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="corpus folder not found"):
         train(from_dict(raw), progress=False)
     (tmp_path / "c.toml").write_text("[train]\nout = 'x'\nbogus = 1\n")
     assert cli(["--config", str(tmp_path / "c.toml")]) == 2
@@ -123,6 +123,53 @@ def test_cli_overrides_and_export_load_in_transformers(corpus, tmp_path):
     with torch.no_grad():
         got = hf(torch.tensor([ids])).logits.numpy()
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-3)
+
+
+def test_steps_below_one_are_one_line_and_exit_2(corpus, tmp_path, capsys):
+    import tomli_w
+
+    (tmp_path / "c.toml").write_bytes(tomli_w.dumps(raw_config(corpus, tmp_path / "run")).encode())
+    for steps in ("0", "-3"):
+        assert cli(["--config", str(tmp_path / "c.toml"), "--steps", steps]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: train.steps (--steps) must be an integer >= 1, got {steps}\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_paths_are_relative_to_the_file_and_the_tokenizer_is_built(corpus, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import tomli_w
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)  # not the repository: the shipped configs still mean repo/runs
+    tiny = load_config(repo / "configs" / "tiny.toml")
+    assert Path(tiny.data.tokenizer).resolve() == repo / "runs" / "tokenizer"
+    assert Path(tiny.train.out).resolve() == repo / "runs" / "tiny" and tiny.data.corpus == "stdlib"
+
+    folder = tmp_path / "exp"
+    shutil.copytree(corpus[0] / "src", folder / "src")
+    raw = raw_config(corpus, "run", steps=2)
+    raw["data"].update(tokenizer="tok", cache_dir="cache", corpus="src")
+    (folder / "c.toml").write_bytes(tomli_w.dumps(raw).encode())
+    assert cli(["--config", "exp/c.toml", "--no-progress"]) == 0  # no tokenizer yet: trained first
+    assert "no tokenizer in" in capsys.readouterr().out
+    assert (folder / "tok" / "tokenizer.json").is_file() and (folder / "cache" / "train.npy").is_file()
+    assert (folder / "run" / "checkpoints").is_dir() and not (tmp_path / "run").exists()
+
+
+def test_resume_says_so_and_keeps_the_log_consistent(corpus, tmp_path, capsys):
+    import shutil
+
+    cfg = from_dict(raw_config(corpus, tmp_path / "r", steps=30, save_every=5))
+    train(cfg, progress=False, stop_after=13)  # checkpoints 10 and 13, metrics of steps 1..13
+    shutil.rmtree(tmp_path / "r" / "checkpoints" / "13")  # as if killed between two saves
+    train(cfg, progress=False)
+    assert "resumed from step 10 of 30" in capsys.readouterr().out
+    steps = [json.loads(line)["step"] for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == list(range(1, 31))
+    assert not (tmp_path / "r" / "metrics.jsonl.tmp").exists()
 
 
 ASSETS = Path(__file__).resolve().parents[1] / "specjax" / "assets"

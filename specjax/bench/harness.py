@@ -254,6 +254,15 @@ def _mean_acceptance(stats: list[dict]) -> list[float]:
             for d in range(depths)]
 
 
+def caveat(cfg: BenchConfig) -> str:
+    """A warning for runs too small to measure speed by (as --quick is); '' otherwise."""
+    if cfg.max_new_tokens >= 64 and cfg.num_prompts >= 4 and cfg.repeats >= 3:
+        return ""
+    return (f"**Not representative:** {cfg.max_new_tokens} new tokens x {cfg.num_prompts} prompts x "
+            f"{cfg.repeats} repeat(s) is a smoke test; prefill and timer noise dominate the speedups. "
+            f"Measure without --quick (128 new tokens x 8 prompts x 3 repeats).")
+
+
 def markdown(rows: list[dict], skipped_rows: list[dict] = ()) -> str:
     lines = ["| method | batch | tree nodes | verifier | tau | acceptance by depth | tokens/s | speedup | "
              "mem (MB) | = ar |",
@@ -299,7 +308,8 @@ def write(rows: list[dict], cfg: BenchConfig, out: Path, command: str, skipped_r
     with open(out / "results.json", "w") as f:
         json.dump({"machine": machine(), "config": dataclasses.asdict(cfg), "command": command,
                    "rows": rows, "skipped": list(skipped_rows), "notes": NOTES}, f, indent=2)
-    (out / "results.md").write_text(f"{markdown(rows, skipped_rows)}\n\nMachine: {machine()}\n\n"
+    warning = caveat(cfg) and f"{caveat(cfg)}\n\n"
+    (out / "results.md").write_text(f"{warning}{markdown(rows, skipped_rows)}\n\nMachine: {machine()}\n\n"
                                     f"Command: `{command}`\n\n" + "\n".join(f"- {n}" for n in NOTES) + "\n")
     try:
         chart(rows, out / "chart.png")

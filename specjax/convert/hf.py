@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
 from pallas_kernels import QuantizedWeight
@@ -73,7 +73,7 @@ def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
     top: dict[str, np.ndarray] = {}
     unexpected = []
     for file in _weight_files(folder):
-        with safe_open(file, framework="flax") as f:
+        with _open(file) as f:
             for key in f.keys():
                 if _IGNORED.match(key):
                     continue
@@ -103,6 +103,14 @@ def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
     params = {k: v.astype(dt) for k, v in top.items()}
     params["layers"] = {n: jnp.stack(ws).astype(dt) for n, ws in per_layer.items()}
     return Model(params, config)
+
+
+def _open(file: Path):
+    """safe_open, with a truncated or corrupt file named in a ValueError."""
+    try:
+        return safe_open(file, framework="flax")
+    except SafetensorError as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
 
 
 def _checked(t, key, want, transpose):

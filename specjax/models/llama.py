@@ -169,7 +169,9 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
             tree_mask: jax.Array | None = None, return_layers: tuple[int, ...] = (),
             compute_logits: bool = True, inject: Injection | None = None,
             write_cache: bool = True) -> ForwardOutput:
-    """Run the model on `tokens` int[B, T].
+    """Run the model on `tokens` int[B, T], assumed valid and unchecked (a check inside jit
+    costs): ids in [0, vocab_size) (the embedding gather clamps others and wraps negatives),
+    positions < max_position_embeddings. `sj.forward` and `sj.generate` check concrete inputs.
 
     positions: int[B, T]; default `cache.lengths + arange(T)` (or `arange(T)` without a cache).
     cache: when given, the T new K/V entries are written at slots [lengths, lengths + T) of

@@ -15,7 +15,7 @@ from specjax.train.corpus import HELD_OUT
 class DataConfig:
     """Where the tokens come from and how they are windowed."""
 
-    tokenizer: str  # folder with tokenizer.json
+    tokenizer: str  # folder with tokenizer.json (trained on the corpus when it has none)
     cache_dir: str  # where the tokenized corpus (.npy) is cached
     corpus: str = "stdlib"  # "stdlib" or a folder of .py files
     held_out: tuple[str, ...] = HELD_OUT
@@ -53,6 +53,10 @@ class TrainConfig:
     save_every: int = 100
     keep_checkpoints: int = 2
     mesh: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
+            raise ValueError(f"train.steps (--steps) must be an integer >= 1, got {self.steps!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,8 +149,13 @@ def from_dict(raw: dict) -> Config:
     return Config(**built)
 
 
+# Keys that name files; relative paths in a config file are relative to the file's folder.
+PATH_KEYS = (("data", "tokenizer"), ("data", "cache_dir"), ("data", "corpus"), ("train", "out"))
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a TOML config file and apply `section.key` overrides."""
+    """Read a TOML config file, its relative PATH_KEYS taken from the file's folder (whatever
+    the current folder), and apply `section.key` overrides (paths there are as given)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
@@ -155,6 +164,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
             raw = tomllib.load(f)
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"{path}: invalid TOML ({e})") from None
+    for section, key in PATH_KEYS:
+        value = raw.get(section, {}).get(key)
+        if isinstance(value, str) and value != "stdlib":
+            raw[section][key] = str(path.parent / value)  # an absolute value stays as it is
     return from_dict(apply_overrides(raw, overrides or {}))
 
 

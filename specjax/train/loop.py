@@ -27,6 +27,7 @@ from specjax.train.config import Config, OptimConfig, to_dict
 from specjax.train.data import WindowSampler, eval_windows, load_streams
 from specjax.train.metrics import MetricsLog, plot_curves
 from specjax.train.objectives import make_objective
+from specjax.train.tokenizer import build_tokenizer
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -113,6 +114,9 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     out = Path(tc.out)
     out.mkdir(parents=True, exist_ok=True)
     objective = make_objective(tc.objective, config.model, config)
+    if not (Path(config.data.tokenizer) / "tokenizer.json").is_file():
+        print(f"no tokenizer in {config.data.tokenizer}: training one on the {config.data.corpus} corpus", flush=True)
+        build_tokenizer(config.data.tokenizer, config.data.corpus, config.data.held_out, config.model.vocab_size)
     train_stream, val_stream = load_streams(config.data)
     sampler = WindowSampler(train_stream, config.data.seq_len + 1, tc.seed)
     val = eval_windows(val_stream, config.data.seq_len + 1, tc.eval_batches * tc.batch_size)
@@ -134,6 +138,9 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     (out / "config.json").write_text(json.dumps(to_dict(config), indent=2) + "\n")
     primary = jax.process_index() == 0  # the other processes of a multi-host run log nothing
     log = MetricsLog(out / "metrics.jsonl" if primary else os.devnull)
+    if step and primary:
+        log.truncate(step)
+        print(f"resumed from step {step} of {tc.steps} ({out / 'checkpoints'})", flush=True)
     n_params = sum(x.size for x in jax.tree.leaves(params))
 
     train_step, eval_loss, schedule = compiled_functions(objective, config.optim, tc.steps, config.model.head_dim)

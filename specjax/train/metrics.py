@@ -4,6 +4,7 @@ and a PNG of the curves."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,16 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+
+    def truncate(self, step: int) -> None:
+        """Drop the records past `step` (a resumed run writes them again), atomically."""
+        if not self.path.is_file():
+            return
+        lines = [line for line in self.path.read_text().splitlines(keepends=True)
+                 if line.strip() and json.loads(line)["step"] <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(lines))
+        os.replace(tmp, self.path)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from specjax.train.corpus import HELD_OUT, list_files, read_text, resolve_root
+
 EOT = "<|endoftext|>"  # BOS, EOS and document separator; id 0
 PAD = "<|pad|>"  # id 1
 SPECIAL_TOKENS = (EOT, PAD)
@@ -53,18 +55,23 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
-def main(argv=None) -> None:
-    from specjax.train.corpus import list_files, read_text, resolve_root
+def build_tokenizer(out_dir: str | Path, corpus: str = "stdlib", held_out=None,
+                    vocab_size: int = 4096) -> Tokenizer:
+    """Train on the corpus's training files (held-out modules left out) and save to `out_dir`."""
+    train_files, _ = list_files(resolve_root(corpus), HELD_OUT if held_out is None else held_out)
+    tok = train_tokenizer((read_text(f) for f in train_files), vocab_size)
+    save_tokenizer(tok, out_dir)
+    return tok
 
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m specjax.train.tokenizer", description=__doc__)
     p.add_argument("--out", required=True, help="folder to write tokenizer.json into")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--corpus", default="stdlib", help='"stdlib" or a folder of .py files')
     args = p.parse_args(argv)
-    train_files, _ = list_files(resolve_root(args.corpus))
-    tok = train_tokenizer((read_text(f) for f in train_files), args.vocab_size)
-    save_tokenizer(tok, args.out)
-    print(f"tokenizer: vocab {tok.get_vocab_size()} from {len(train_files)} files -> {args.out}")
+    tok = build_tokenizer(args.out, args.corpus, vocab_size=args.vocab_size)
+    print(f"tokenizer: vocab {tok.get_vocab_size()} from the {args.corpus} corpus -> {args.out}")
 
 
 if __name__ == "__main__":
