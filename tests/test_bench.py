@@ -131,3 +131,12 @@ def test_chat_rows_in_chat_template(models, tmp_path):
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert all(set(r["tau_per_category"]) == {"qa", "multi_turn"} and r["matches_ar_first_prompt"] for r in rows)
     assert "tau per category" in (out / "results.md").read_text()
+
+
+def test_peer_source_reads_gguf(tmp_path):
+    from specjax.bench.peers import _source
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert _source(tmp_path / "m.gguf") == (str(tmp_path), {"gguf_file": "m.gguf"})
+    assert _source(tmp_path) == (str(tmp_path), {"gguf_file": "m.gguf"})  # a folder holding one GGUF
+    (tmp_path / "config.json").write_text("{}")
+    assert _source(tmp_path) == (str(tmp_path), {})  # an HF folder

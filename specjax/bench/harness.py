@@ -59,9 +59,11 @@ def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> list[tuple[str, list[int]
     tokenizer has one, the raw text otherwise."""
     from specjax.bench.prompts import chat_messages, prompt_set, raw_text
     chat = tokenizer.chat_template is not None
-    return [(r["category"], list(tokenizer.chat(chat_messages(r)) if chat and r["turns"] else
-                                 tokenizer.encode(raw_text(r))))
-            for r in prompt_set(cfg.prompts, cfg.num_prompts)]
+    out = []
+    for r in prompt_set(cfg.prompts, cfg.num_prompts):
+        ids = tokenizer.chat(chat_messages(r)) if chat and r["turns"] else tokenizer.encode(raw_text(r))
+        out.append((r["category"], list(ids)))
+    return out
 
 
 def _groups(prompts: list[tuple[str, list[int]]], batch: int) -> list[tuple[str, list[list[int]]]]:
