@@ -89,7 +89,7 @@ def test_ragged_prompts(models, tmp_path):
     target, _ = models
     path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "def f(x):"},
                                          {"prompt": "import os\n\n\ndef walk(root, depth=0):"}])
-    cfg = BenchConfig(model=target, methods=("ar", "prompt-lookup", "hf-ar"), batches=(1, 2), prompts=path,
+    cfg = BenchConfig(model=target, methods=("ar", "hf-ar"), batches=(1, 2), prompts=path,
                       max_new_tokens=8, repeats=1)
     rows = run(cfg, progress=False)
     assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (1, 2) for m in cfg.methods]

@@ -59,7 +59,11 @@ class Peers:
 
         def load(path):
             folder, kw = _source(path)
-            return AutoModelForCausalLM.from_pretrained(folder, **kw, dtype=torch.float32).eval()
+            model = AutoModelForCausalLM.from_pretrained(folder, **kw, dtype=torch.float32).eval()
+            # No EOS: generate neither stops at it nor, as min_new_tokens would, masks it out of
+            # the argmax, so the output stays the greedy one that specjax's rows decode.
+            model.generation_config.eos_token_id = None
+            return model
 
         self.model = load(target)
         self.draft = load(draft) if draft is not None else None
@@ -76,11 +80,10 @@ class Peers:
 
     def _kwargs(self, method: str, max_new_tokens: int) -> dict:
         from transformers import GenerationConfig
-        cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                               eos_token_id=None, pad_token_id=0, num_beams=1)
+        cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
+                               num_beams=1)
         kw = {"generation_config": cfg}
         if method == "hf-assisted":
-            self.draft.generation_config.eos_token_id = None
             kw["assistant_model"] = self.draft
         elif method == "hf-prompt-lookup":
             cfg.prompt_lookup_num_tokens = 8
