@@ -37,17 +37,20 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=("specjax", "hf"), default="specjax")
     c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
     c.add_argument("--force", action="store_true", help="replace OUT if it holds a model already")
-    bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on held-out code")
+    bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on a prompt set")
     bn.add_argument("--model", default="tiny")
     bn.add_argument("--draft", default="tiny-draft", help="draft model for draft-*, adaptive-draft-chain, hf-assisted")
     bn.add_argument("--methods", nargs="+", default=None,
                     help="drafter names, adaptive-draft-chain, adaptive-prompt-lookup, hf-ar, hf-assisted, "
                          "hf-prompt-lookup (default: all)")
-    bn.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' (or Spec-Bench 'turns') field")
+    bn.add_argument("--prompts", default="stdlib",
+                    help="stdlib (held-out code, for the tiny model; default), humaneval, chat (the "
+                         "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")
     bn.add_argument("--batch", type=int, nargs="+", default=[1])
     bn.add_argument("--max-new-tokens", type=int, default=128)
     bn.add_argument("--repeats", type=int, default=3)
-    bn.add_argument("--num-prompts", type=int, default=8)
+    bn.add_argument("--num-prompts", type=lambda s: None if s == "all" else int(s), default=8,
+                    help="how many, taken in turn from each category, or 'all' (default 8)")
     bn.add_argument("--out", default="runs/bench")
     bn.add_argument("--quick", action="store_true", help="2 prompts, 16 new tokens, 1 repeat")
     return ap
@@ -143,7 +146,7 @@ def cmd_bench(args) -> None:
 
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
                       batches=tuple(args.batch), num_prompts=args.num_prompts,
-                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts_file=args.prompts)
+                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=args.prompts)
     if args.quick:
         cfg = dataclasses.replace(cfg, num_prompts=2, max_new_tokens=16, repeats=1)
     try:

@@ -1,19 +1,23 @@
 """`python -m specjax bench --quick` end to end: specjax AR, the adaptive (goodput) method and
 the transformers peer rows on the shipped tiny models (or, until they exist, a random Llama
-stand-in in HF format with a tokenizer trained here), then results.json and chart.png."""
+stand-in in HF format with a tokenizer trained here), then results.json and chart.png; ragged
+prompts, and chat rows in a chat template."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 import specjax as sj
 from specjax.__main__ import main
-from specjax.bench.harness import BenchConfig, caveat, skipped, write
-from specjax.convert import ASSETS
+from specjax.bench.harness import BenchConfig, _tokenized_prompts, caveat, run, skipped, write
+from specjax.convert import ASSETS, resolve
+from specjax.tokenizer import load_tokenizer
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
@@ -83,3 +87,66 @@ def test_small_runs_are_marked_not_representative(tmp_path):
     write([row], BenchConfig(num_prompts=2, max_new_tokens=16, repeats=1), tmp_path, "cmd")
     assert (tmp_path / "results.md").read_text().startswith("**Not representative:** 16 new tokens x 2 prompts")
     assert caveat(BenchConfig()) == ""
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_ragged_prompts(models, tmp_path):
+    """Prompts of different lengths, alone and together in one batch; transformers left-pads them."""
+    target, _ = models
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "def f(x):"},
+                                         {"prompt": "import os\n\n\ndef walk(root, depth=0):"}])
+    cfg = BenchConfig(model=target, methods=("ar", "hf-ar"), batches=(1, 2), prompts=path,
+                      max_new_tokens=8, repeats=1)
+    rows = run(cfg, progress=False)
+    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (1, 2) for m in cfg.methods]
+    for r in rows:
+        assert r["new_tokens"] == 2 * 8 and r["matches_ar_first_prompt"], r
+        assert r["tau_per_category"] == {"all": pytest.approx(r["tau"])}
+
+    from specjax.bench.peers import Peers
+    tok = load_tokenizer(target)
+    short, long = (tok.encode(t) for t in ("def f(x):", "import os\n\n\ndef walk(root, depth=0):"))
+    assert len(short) < len(long)
+    peers = Peers(resolve(target), None)
+    together, _ = peers.decode("hf-ar", [short, long], 8)
+    alone = [peers.decode("hf-ar", [p], 8)[0][0] for p in (short, long)]
+    np.testing.assert_array_equal(together, np.stack(alone))
+
+
+def test_chat_rows_in_chat_template(models, tmp_path):
+    """A JSONL of chat rows on a model with a chat template: rendered by the template, tau per category."""
+    folder = tmp_path / "chat-model"
+    shutil.copytree(resolve(models[0]), folder)
+    cfg_path = folder / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    tok_cfg["chat_template"] = ("{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}"
+                                "{% if add_generation_prompt %}<assistant> {% endif %}")
+    cfg_path.write_text(json.dumps(tok_cfg))
+    path = _jsonl(tmp_path / "chat.jsonl", [
+        {"id": "a", "category": "qa", "turns": ["What is a list?"]},
+        {"id": "b", "category": "multi_turn", "turns": ["Name a loop.", "Another?"], "replies": ["for"]}])
+    tok = load_tokenizer(folder)
+    cfg = BenchConfig(model=str(folder), prompts=path, num_prompts=None)
+    assert _tokenized_prompts(cfg, tok) == [
+        ("qa", tok.encode("<user> What is a list?\n<assistant> ")),
+        ("multi_turn", tok.encode("<user> Name a loop.\n<assistant> for\n<user> Another?\n<assistant> "))]
+
+    out = tmp_path / "bench"
+    assert main(["bench", "--model", str(folder), "--prompts", path, "--num-prompts", "all", "--methods", "ar",
+                 "hf-ar", "--max-new-tokens", "8", "--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert all(set(r["tau_per_category"]) == {"qa", "multi_turn"} and r["matches_ar_first_prompt"] for r in rows)
+    assert "tau per category" in (out / "results.md").read_text()
+
+
+def test_peer_source_reads_gguf(tmp_path):
+    from specjax.bench.peers import _source
+    (tmp_path / "m.gguf").write_bytes(b"")
+    assert _source(tmp_path / "m.gguf") == (str(tmp_path), {"gguf_file": "m.gguf"})
+    assert _source(tmp_path) == (str(tmp_path), {"gguf_file": "m.gguf"})  # a folder holding one GGUF
+    (tmp_path / "config.json").write_text("{}")
+    assert _source(tmp_path) == (str(tmp_path), {})  # an HF folder

@@ -1,8 +1,9 @@
 """The benchmark harness behind `python -m specjax bench`.
 
-Every method decodes the same prompts (cut to the same token length, so each method compiles
-once per batch size) after a warm-up call. Repeats interleave the methods in a fresh random
-order each round, so drift in the machine favours none, and medians are reported.
+Every method decodes the same prompts, whole (ragged lengths), in the model's chat template when
+it has one, after a warm-up call that compiles what the timed runs use. A batch holds prompts of
+one category, so each call's tau is that category's. Repeats interleave the methods in a fresh
+random order each round, so drift in the machine favours none, and medians are reported.
 """
 
 from __future__ import annotations
@@ -46,22 +47,33 @@ class BenchConfig:
     draft: str = "tiny-draft"
     methods: tuple[str, ...] = DEFAULT_METHODS
     batches: tuple[int, ...] = (1,)
-    num_prompts: int = 8
-    prompt_tokens: int = 96
+    prompts: str = "stdlib"  # 'stdlib' (held-out code, for the tiny model), 'humaneval', 'chat' or a JSONL file
+    num_prompts: int | None = 8  # None: the whole set
     max_new_tokens: int = 128
     repeats: int = 3
-    prompts_file: str | None = None
     seed: int = 0
 
 
-def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> np.ndarray:
-    from specjax.bench.prompts import heldout_prompts, load_prompts
-    texts = load_prompts(cfg.prompts_file) if cfg.prompts_file else heldout_prompts(cfg.num_prompts)
-    ids = [tokenizer.encode(t).ids[-cfg.prompt_tokens:] for t in texts[: cfg.num_prompts]]
-    short = [i for i, x in enumerate(ids) if len(x) < cfg.prompt_tokens]
-    if short:
-        raise ValueError(f"prompts {short} are shorter than prompt_tokens={cfg.prompt_tokens}")
-    return np.asarray(ids, np.int32)
+def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> list[tuple[str, list[int]]]:
+    """(category, token ids) per prompt: a row with turns in the chat template when the
+    tokenizer has one, the raw text otherwise."""
+    from specjax.bench.prompts import chat_messages, prompt_set, raw_text
+    chat = tokenizer.chat_template is not None
+    out = []
+    for r in prompt_set(cfg.prompts, cfg.num_prompts):
+        ids = tokenizer.chat(chat_messages(r)) if chat and r["turns"] else tokenizer.encode(raw_text(r))
+        out.append((r["category"], list(ids)))
+    return out
+
+
+def _groups(prompts: list[tuple[str, list[int]]], batch: int) -> list[tuple[str, list[list[int]]]]:
+    """Batches of `batch` prompts, each of one category; a category's last batch is filled from
+    its own first prompts."""
+    by_cat = {}
+    for cat, ids in prompts:
+        by_cat.setdefault(cat, []).append(ids)
+    return [(cat, [rows[j % len(rows)] for j in range(i, i + batch)])
+            for cat, rows in by_cat.items() for i in range(0, len(rows), batch)]
 
 
 def machine() -> str:
@@ -137,7 +149,7 @@ class _Method:
         """Per batch size, before the warm-up: adaptive measures its step costs and acceptance here."""
         if self.kind == "adaptive":
             self.calibration[len(groups[0])] = adaptive.calibrate(
-                self.model, np.concatenate(groups), self.adaptive, batch_size=len(groups[0]),
+                self.model, [p for g in groups for p in g], self.adaptive, batch_size=len(groups[0]),
                 max_new_tokens=self.cfg.max_new_tokens)
 
     def decode(self, groups):
@@ -155,15 +167,13 @@ class _Method:
 def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     """Measure every method at every batch size; one row per (method, batch). Peer methods
     that transformers runs at batch 1 only get no row at larger batches (see `skipped`)."""
-    from tokenizers import Tokenizer
-
     from specjax.convert import resolve
+    from specjax.tokenizer import load_tokenizer
     unknown = [m for m in cfg.methods if m not in known_methods()]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from: {', '.join(known_methods())}")
-    folder = resolve(cfg.model)
-    model = sj.load(folder)
-    prompts = _tokenized_prompts(cfg, Tokenizer.from_file(str(folder / "tokenizer.json")))
+    model = sj.load(cfg.model)
+    prompts = _tokenized_prompts(cfg, load_tokenizer(cfg.model))
     methods = ["ar", *dict.fromkeys(m for m in cfg.methods if m != "ar")]
     uses_draft = any(getattr(NAMED.get(m), "uses_draft", False) or ADAPTIVE.get(m, ("",))[0].startswith("draft")
                      or m == "hf-assisted" for m in methods)
@@ -172,12 +182,12 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     peers = None
     if any(m in PEERS for m in methods):
         from specjax.bench.peers import Peers
-        peers = Peers(folder, draft_folder)
+        peers = Peers(resolve(cfg.model), draft_folder)
     runners = {m: _Method(m, cfg, model, draft, peers) for m in methods}
     rows = []
     rng = random.Random(cfg.seed)
     for batch in cfg.batches:
-        groups = [prompts[np.arange(i, i + batch) % len(prompts)] for i in range(0, len(prompts), batch)]
+        cats, groups = zip(*_groups(prompts, batch))
         here = [m for m in methods if runners[m].supports(batch)]
         for m in here:
             runners[m].prepare(groups)
@@ -221,6 +231,7 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
                 "wall_s_median": statistics.median(walls[m]), "new_tokens": new,
                 "matches_ar_first_prompt": matches,
                 "mem_mb": round(mem[m][0], 1), "mem_source": mem[m][1],
+                "tau_per_category": _tau_per_category(cats, outs),
             }
             if m in PEERS:
                 row["settings"] = PEER_SETTINGS[m]
@@ -248,6 +259,15 @@ def skipped(cfg: BenchConfig) -> list[dict]:
             for b in cfg.batches for m in cfg.methods if m in BATCH1_ONLY and b > 1]
 
 
+def _tau_per_category(cats, stats: list[dict]) -> dict[str, float]:
+    """tau over each category's calls (`cats[i]` is call i's category)."""
+    sums = {}
+    for cat, s in zip(cats, stats):
+        c, n = sums.get(cat, (0, 0))
+        sums[cat] = (c + s["committed_tokens"], n + s["steps"])
+    return {cat: c / max(n, 1) for cat, (c, n) in sums.items()}
+
+
 def _mean_acceptance(stats: list[dict]) -> list[float]:
     depths = max(len(s["acceptance_per_depth"]) for s in stats)
     return [float(np.mean([s["acceptance_per_depth"][d] for s in stats if d < len(s["acceptance_per_depth"])]))
@@ -256,7 +276,7 @@ def _mean_acceptance(stats: list[dict]) -> list[float]:
 
 def caveat(cfg: BenchConfig) -> str:
     """A warning for runs too small to measure speed by (as --quick is); '' otherwise."""
-    if cfg.max_new_tokens >= 64 and cfg.num_prompts >= 4 and cfg.repeats >= 3:
+    if cfg.max_new_tokens >= 64 and (cfg.num_prompts or 4) >= 4 and cfg.repeats >= 3:
         return ""
     return (f"**Not representative:** {cfg.max_new_tokens} new tokens x {cfg.num_prompts} prompts x "
             f"{cfg.repeats} repeat(s) is a smoke test; prefill and timer noise dominate the speedups. "
@@ -276,6 +296,13 @@ def markdown(rows: list[dict], skipped_rows: list[dict] = ()) -> str:
                      f"{'yes' if r.get('matches_ar_first_prompt', True) else 'NO'} |")
     for s in skipped_rows:
         lines.append(f"| {s['method']} | {s['batch']} | skipped: {s['why']} | | | | | | | |")
+    cats = list(dict.fromkeys(c for r in rows for c in r.get("tau_per_category", {})))
+    if len(cats) > 1:
+        lines += ["", "tau per category:", "", f"| method | batch | {' | '.join(cats)} |",
+                  "|---|---|" + "---|" * len(cats)]
+        lines += [f"| {r['method']} | {r['batch']} | " + " | ".join(
+            f"{r['tau_per_category'][c]:.2f}" if c in r["tau_per_category"] else "-" for c in cats) + " |"
+            for r in rows]
     return "\n".join(lines)
 
 
@@ -321,6 +348,12 @@ NOTES = [
     "tau = tokens per target forward, bonus included (peers: new tokens / forward calls of the "
     "transformers target, counted by a hook, the prefill forward included).",
     "speedup = tokens/s over specjax `ar` at the same batch, same run; medians over interleaved repeats.",
+    "Every prompt decodes exactly max_new_tokens tokens, EOS ignored (specjax and transformers alike), so "
+    "every method does the same work; the tokens after an EOS are still the model's greedy (or sampled) text.",
+    "Prompts are whole (ragged lengths), in the model's chat template when it has one (multi-turn chat rows: "
+    "both user turns with the set's fixed reply between them), raw text otherwise; a batch holds one "
+    "category's prompts (a category with fewer than the batch repeats its own), and tau_per_category is "
+    "tau over each category's calls.",
     "mem = rise of the process RSS during the method's first timed (already compiled) run, sampled "
     "every 5 ms (device peak-bytes rise on accelerators): approximate, since memory the allocator "
     "kept from earlier methods is reused; peak_rss_mb in results.json is the whole process's peak.",

@@ -1,12 +1,14 @@
 """Peer rows for the benchmark: Hugging Face transformers' own decoding on the same weights.
 
 `hf-ar` is `generate` greedy; `hf-assisted` is assisted generation with the shipped draft
-(`assistant_model=`); `hf-prompt-lookup` is `prompt_lookup_num_tokens=`. All load the same HF
-folder with AutoModelForCausalLM in float32, decode greedily with no EOS (so, like the specjax
-rows, every prompt gets exactly max_new_tokens tokens), and count the target's forward calls
-with a hook, so tau = new tokens / target forwards (the prefill forward, which makes the first
-token, counts as one; plain AR gives 1.0). transformers' assisted generation and prompt lookup
-take batch 1 only; those rows are skipped at larger batches.
+(`assistant_model=`); `hf-prompt-lookup` is `prompt_lookup_num_tokens=`. All load the same
+weights as specjax (an HF folder, or a GGUF that transformers dequantizes) with
+AutoModelForCausalLM in float32, decode ragged batches left-padded with an attention mask,
+greedily with no EOS (so, like the specjax rows, every prompt gets exactly max_new_tokens
+tokens), and count the target's forward calls with a hook, so tau = new tokens / target
+forwards (the prefill forward, which makes the first token, counts as one; plain AR gives
+1.0). transformers' assisted generation and prompt lookup take batch 1 only; those rows are
+skipped at larger batches.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ def torch_threads() -> int:
     return n
 
 
+def _source(path: str | Path) -> tuple[str, dict]:
+    """from_pretrained's folder and keywords for a model path: an HF folder, or a .gguf file (or
+    a folder holding one and no config.json), which transformers dequantizes."""
+    p = Path(path)
+    gguf = p if p.suffix == ".gguf" else None
+    if gguf is None and p.is_dir() and not (p / "config.json").exists():
+        gguf = next(iter(sorted(p.glob("*.gguf"))), None)
+    return (str(p), {}) if gguf is None else (str(gguf.parent), {"gguf_file": gguf.name})
+
+
 class Peers:
     """transformers models for the peer rows; `decode(method, prompts)` -> (tokens, stats)."""
 
@@ -44,7 +56,15 @@ class Peers:
         transformers.logging.set_verbosity_error()  # generation-config notices, not problems
         self.torch = torch
         self.threads = torch_threads()
-        load = lambda p: AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32).eval()
+
+        def load(path):
+            folder, kw = _source(path)
+            model = AutoModelForCausalLM.from_pretrained(folder, **kw, dtype=torch.float32).eval()
+            # No EOS: generate neither stops at it nor, as min_new_tokens would, masks it out of
+            # the argmax, so the output stays the greedy one that specjax's rows decode.
+            model.generation_config.eos_token_id = None
+            return model
+
         self.model = load(target)
         self.draft = load(draft) if draft is not None else None
         self.calls = 0
@@ -60,25 +80,29 @@ class Peers:
 
     def _kwargs(self, method: str, max_new_tokens: int) -> dict:
         from transformers import GenerationConfig
-        cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                               eos_token_id=None, pad_token_id=0, num_beams=1)
+        cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
+                               num_beams=1)
         kw = {"generation_config": cfg}
         if method == "hf-assisted":
-            self.draft.generation_config.eos_token_id = None
             kw["assistant_model"] = self.draft
         elif method == "hf-prompt-lookup":
             cfg.prompt_lookup_num_tokens = 8
             cfg.max_matching_ngram_size = 3
         return kw
 
-    def decode(self, method: str, prompts: np.ndarray, max_new_tokens: int) -> tuple[np.ndarray, dict]:
-        """Greedy-decode int[B, T] prompts; returns int32[B, max_new_tokens] and stats."""
+    def decode(self, method: str, prompts, max_new_tokens: int) -> tuple[np.ndarray, dict]:
+        """Greedy-decode a batch of token-id lists (ragged allowed); returns int32[B,
+        max_new_tokens] and stats."""
         torch = self.torch
-        ids = torch.as_tensor(np.asarray(prompts), dtype=torch.long)
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding: every row's last prompt token is at the end
+            ids[i, width - len(p):] = torch.as_tensor(np.asarray(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
         self.calls = 0
         with torch.inference_mode():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                      **self._kwargs(method, max_new_tokens))
+            out = self.model.generate(ids, attention_mask=mask, **self._kwargs(method, max_new_tokens))
         new = out[:, ids.shape[1]:].numpy().astype(np.int32)
         if new.shape[1] != max_new_tokens:
             raise RuntimeError(f"{method} produced {new.shape[1]} tokens, expected {max_new_tokens}")
