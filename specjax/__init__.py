@@ -12,6 +12,7 @@ from pallas_kernels import QuantizedWeight
 from specjax.models import KVCache, Model, ModelConfig
 from specjax.quantize import quantize
 from specjax.sharding import shard
+from specjax.tokenizer import TextTokenizer, load_tokenizer
 from specjax.tree import DraftTree, Verdict
 from specjax.models import forward as _forward
 
@@ -25,4 +26,4 @@ def forward(model: Model, tokens):
 
 __all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "save", "forward",
            "generate", "make_generate", "stream", "sampling", "sharding", "shard", "drafters", "verify", "DraftTree", "Verdict", "quantize",
-           "QuantizedWeight"]
+           "QuantizedWeight", "load_tokenizer", "TextTokenizer"]
