@@ -6,7 +6,7 @@
 """
 
 from specjax import drafters, sampling, sharding, verify
-from specjax.convert import load, save
+from specjax.convert import load, load_gguf, save
 from specjax.engine import GenerateOutput, generate, make_generate, stream
 from pallas_kernels import QuantizedWeight
 from specjax.models import KVCache, Model, ModelConfig
@@ -24,6 +24,6 @@ def forward(model: Model, tokens):
     return _forward(model.config, model.params, tokens).logits
 
 
-__all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "save", "forward",
+__all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "load_gguf", "save", "forward",
            "generate", "make_generate", "stream", "sampling", "sharding", "shard", "drafters", "verify", "DraftTree", "Verdict", "quantize",
            "QuantizedWeight", "load_tokenizer", "TextTokenizer"]
