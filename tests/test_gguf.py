@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers")
 
 Q = gguf.GGMLQuantizationType
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ Ġ", "ĠĠ ĠĠ", "r e", "Ċ Ċ"]
+MERGES = ["Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r", "o n", "Ġ Ġ", "ĠĠ ĠĠ", "r e", "Ċ Ċ",
+          "1 2", "12 3", "- t"]  # the last three tell the pre-tokenizers' digit and word splits apart
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 ARCH = {"LlamaConfig": "llama", "MistralConfig": "llama", "Qwen2Config": "qwen2", "Qwen3Config": "qwen3"}
@@ -53,7 +54,7 @@ def permute(w, heads):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path, qtype=Q.F32):
+def write_gguf(model, path, qtype=Q.F32, pre="gpt-2"):
     """Write `model` as llama.cpp's convert_hf_to_gguf.py does: arch metadata, permuted Q/K (llama),
     1-D tensors in F32, 2-D ones in `qtype`, rope_freqs for llama3 scaling, a gpt2 tokenizer."""
     c = model.config
@@ -76,7 +77,7 @@ def write_gguf(model, path, qtype=Q.F32):
     w.add_vocab_size(c.vocab_size)
     tokens = tiny_vocab()
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
     w.add_token_merges(MERGES)
@@ -217,12 +218,14 @@ def test_cached_load_is_the_same_model(tmp_path, monkeypatch):
     assert not list(gguf_cache.cache_root().glob("gguf/*/.*"))  # no temporary folders left behind
 
 
-def test_tiny_tokenizer_and_chat_template_match_transformers(tmp_path):
-    path = write_gguf(hf_model("llama-mha-untied"), tmp_path / "m.gguf")
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2"])
+def test_tiny_tokenizer_and_chat_template_match_transformers(pre, tmp_path):
+    path = write_gguf(hf_model("llama-mha-untied"), tmp_path / "m.gguf", pre=pre)
     tok = sj.load_tokenizer(path)
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     assert (tok.bos_token_id, tok.eos_token_ids) == (0, (2,))
-    for text in ["the heat in", "  the   then\n\nx", "a<|im_end|>b", "re-entry: 'x'!", "\n\n\n  "]:
+    for text in ["the heat in", "  the   then\n\nx", "a<|im_end|>b", "re-entry: 'x'!", "\n\n\n  ",
+                 "x = 12345;  67\n", "He'LL re-the  8", "1234567"]:
         assert tok.encode(text) == hf.encode(text), text
         assert tok.decode(tok.encode(text)) == text
     messages = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "the end"}]
