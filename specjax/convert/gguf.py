@@ -67,7 +67,10 @@ def gguf_config(reader: gguf.GGUFReader, dtype: str | None = None) -> ModelConfi
 
     num_heads = key("attention.head_count")
     hidden = key("embedding_length")
-    vocab = metadata(reader, f"{arch}.vocab_size") or _tensor_rows(reader, "token_embd.weight")
+    head_dim = key("attention.key_length", hidden // num_heads)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = (metadata(reader, f"{arch}.vocab_size") or (tokens and len(tokens.data))
+             or _tensor_rows(reader, "token_embd.weight"))
     return ModelConfig(
         model_type=arch,
         vocab_size=int(vocab),
@@ -76,10 +79,10 @@ def gguf_config(reader: gguf.GGUFReader, dtype: str | None = None) -> ModelConfi
         num_layers=key("block_count"),
         num_heads=num_heads,
         num_kv_heads=key("attention.head_count_kv", num_heads),
-        head_dim=key("attention.key_length", hidden // num_heads),
+        head_dim=head_dim,
         max_position_embeddings=key("context_length", 2048),
         rope_theta=float(key("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(reader, arch, hidden // num_heads),
+        rope_scaling=_rope_scaling(reader, arch, head_dim),
         rms_norm_eps=float(str(np.float32(key("attention.layer_norm_rms_epsilon")))),  # 1e-5, not 9.99e-6
         tie_word_embeddings="output.weight" not in names,
         attention_bias=arch == "qwen2",
