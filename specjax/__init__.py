@@ -9,12 +9,13 @@ import jax
 import numpy as np
 
 from specjax import drafters, sampling, sharding, verify
-from specjax.convert import load, save
+from specjax.convert import load, load_gguf, save
 from specjax.engine import GenerateOutput, generate, make_generate, stream
 from pallas_kernels import QuantizedWeight
 from specjax.models import KVCache, Model, ModelConfig
 from specjax.quantize import quantize
 from specjax.sharding import shard
+from specjax.tokenizer import TextTokenizer, load_tokenizer
 from specjax.tree import DraftTree, Verdict
 from specjax.models import forward as _forward
 
@@ -41,6 +42,6 @@ def _check_tokens(config: ModelConfig, tokens: np.ndarray) -> None:
         raise ValueError(f"token ids outside the vocabulary [0, {config.vocab_size}): {bad[:5].tolist()}")
 
 
-__all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "save", "forward",
+__all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "load_gguf", "save", "forward",
            "generate", "make_generate", "stream", "sampling", "sharding", "shard", "drafters", "verify", "DraftTree", "Verdict", "quantize",
-           "QuantizedWeight"]
+           "QuantizedWeight", "load_tokenizer", "TextTokenizer"]

@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text from a prompt, printing as it comes")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--model", default="tiny", help="shipped model name or HF folder with a tokenizer")
+    g.add_argument("--model", default="tiny", help="model name (tiny, smollm2), HF folder with a tokenizer, or .gguf file")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
@@ -56,14 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _load_tokenizer(folder: Path):
-    from tokenizers import Tokenizer
+def _load_tokenizer(path: Path):
+    from specjax.tokenizer import load_tokenizer
 
-    path = folder / "tokenizer.json"
-    if not path.exists():
-        raise UsageError(f"{folder} has no tokenizer.json; --model needs a folder with a tokenizer")
+    if path.suffix != ".gguf" and not (path / "tokenizer.json").exists():
+        raise UsageError(f"{path} has no tokenizer.json; --model needs a folder with a tokenizer")
     try:
-        return Tokenizer.from_file(str(path))
+        return load_tokenizer(path)
     except Exception as e:  # a malformed tokenizer file
         raise UsageError(f"{path}: cannot read the tokenizer ({e})") from None
 
@@ -96,7 +95,7 @@ def cmd_generate(args) -> None:
         model = sj.load(folder)
     except (ValueError, OSError, KeyError) as e:
         raise UsageError(f"cannot load --model {args.model}: {e}") from None
-    ids = tokenizer.encode(args.prompt).ids
+    ids = tokenizer.encode(args.prompt)
     if not ids:
         raise UsageError("--prompt is empty after tokenization")
     try:

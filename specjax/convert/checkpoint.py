@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -54,22 +55,28 @@ def load_checkpoint(path: str | os.PathLike, mesh=None) -> Model:
 
 
 def _quantization(params) -> dict | None:
-    """{"mode": "int8"|"int4", "group_size": g} of a quantized params tree, else None."""
-    leaves = jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, QuantizedWeight))
-    quantized = [w for w in leaves if isinstance(w, QuantizedWeight)]
-    if not quantized:
-        return None
-    return {"mode": f"int{quantized[0].bits}", "group_size": quantized[0].group_size}
+    """{leaf path ("layers/wq"): {"bits": b, "group_size": g}} of the quantized weights, else None."""
+    leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, QuantizedWeight))
+    found = {"/".join(k.key for k in path): {"bits": w.bits, "group_size": w.group_size}
+             for path, w in leaves if isinstance(w, QuantizedWeight)}
+    return found or None
 
 
 def _abstract_params(config: ModelConfig, quantization: dict | None):
-    """The structure, shapes and dtypes to restore into (quantized weights keep their class)."""
+    """The structure, shapes and dtypes to restore into (quantized weights keep their class).
+    `quantization` is per leaf, or one {"mode", "group_size"} for the whole model (older files)."""
+    from pallas_kernels import quantize as quantize_weight
     from specjax.quantize import quantize
 
     def build():
         model = Model(init_params(config, jax.random.key(0)), config)
-        if quantization:
-            model = quantize(model, quantization["mode"], quantization["group_size"])
-        return model.params
+        if quantization and "mode" in quantization:
+            return quantize(model, quantization["mode"], quantization["group_size"]).params
+        params = jax.tree.map(lambda x: x, model.params)  # a copy to set leaves in
+        for path, q in (quantization or {}).items():
+            *parents, leaf = path.split("/")
+            node = functools.reduce(dict.__getitem__, parents, params)
+            node[leaf] = quantize_weight(node[leaf], q["bits"], q["group_size"])
+        return params
 
     return jax.eval_shape(build)

@@ -1,0 +1,239 @@
+"""GGUF files (llama.cpp) -> specjax Model, for the Llama family (llama, qwen2, qwen3 arches).
+
+Q8_0 and Q4_0 matmul weights load straight into int8 / int4 QuantizedWeight (group size 32, the
+block's one scale per 32 input weights); every other quantized type is dequantized to `dtype`.
+The token embedding is gathered, not multiplied, so it is always dequantized.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import QuantizedWeight
+from specjax.models import Model, ModelConfig, RopeScaling, param_shapes
+
+Q = gguf.GGMLQuantizationType
+ARCHITECTURES = ("llama", "qwen2", "qwen3")  # GGUF general.architecture == specjax model_type
+FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
+DIRECT_TYPES = {Q.Q8_0: 8, Q.Q4_0: 4}  # types read into QuantizedWeight bits without dequantizing
+_MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+_LAYER_TENSORS = {  # blk.N.<name> -> specjax layer param
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk",
+    "attn_v.weight": "wv", "attn_output.weight": "wo", "attn_q.bias": "bq", "attn_k.bias": "bk",
+    "attn_v.bias": "bv", "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
+    "ffn_norm.weight": "mlp_norm", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up",
+    "ffn_down.weight": "w_down",
+}
+_TOP_TENSORS = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
+
+
+def read_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
+    """Open a GGUF file (memory-mapped), with one-line errors for a wrong or truncated file."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, IndexError) as e:
+        raise ValueError(f"{path}: truncated or corrupt GGUF file ({e})") from None
+
+
+def metadata(reader: gguf.GGUFReader, key: str, default=None):
+    """The value of metadata `key` (strings decoded, arrays as lists), or `default`."""
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader: gguf.GGUFReader, dtype: str | None = None) -> ModelConfig:
+    """The ModelConfig a GGUF's `<arch>.*` metadata and tensor list describe."""
+    arch = metadata(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}")
+    names = {t.name for t in reader.tensors}
+
+    def key(name, default=None):
+        value = metadata(reader, f"{arch}.{name}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks {arch}.{name}")
+        return value
+
+    num_heads = key("attention.head_count")
+    hidden = key("embedding_length")
+    head_dim = key("attention.key_length", hidden // num_heads)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = (metadata(reader, f"{arch}.vocab_size") or (tokens and len(tokens.data))
+             or _tensor_rows(reader, "token_embd.weight"))
+    return ModelConfig(
+        model_type=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=key("feed_forward_length"),
+        num_layers=key("block_count"),
+        num_heads=num_heads,
+        num_kv_heads=key("attention.head_count_kv", num_heads),
+        head_dim=head_dim,
+        max_position_embeddings=key("context_length", 2048),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(reader, arch, head_dim),
+        rms_norm_eps=float(str(np.float32(key("attention.layer_norm_rms_epsilon")))),  # 1e-5, not 9.99e-6
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
+        dtype=dtype or "float32",
+        bos_token_id=metadata(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=metadata(reader, "tokenizer.ggml.eos_token_id"),
+    )
+
+
+def load_gguf(path: str | os.PathLike, dtype: str | None = None) -> Model:
+    """Read a GGUF file into a Model (float tensors cast to `dtype`, default float32; Q8_0 and
+    Q4_0 matmuls as int8 / int4 QuantizedWeight, other quantized types dequantized)."""
+    reader = read_gguf(path)
+    config = gguf_config(reader, dtype)
+    shapes = param_shapes(config)
+    layers: dict[str, list] = {name: [None] * config.num_layers for name in shapes["layers"]}
+    top, unexpected = {}, []
+    for t in reader.tensors:
+        name = t.name
+        if name == "rope_freqs.weight":
+            continue  # read by gguf_config as rope scaling
+        if name.startswith("blk."):
+            index, _, rest = name[4:].partition(".")
+            target = _LAYER_TENSORS.get(rest)
+            if target not in layers or not index.isdigit() or int(index) >= config.num_layers:
+                unexpected.append(name)
+                continue
+            layers[target][int(index)] = t
+        elif _TOP_TENSORS.get(name) in shapes:
+            top[_TOP_TENSORS[name]] = t
+        else:
+            unexpected.append(name)
+    missing = [f"blk.{i}.{_gguf_name(n)}" for n, ts in layers.items() for i, t in enumerate(ts) if t is None]
+    missing += [_gguf_name(n) for n in shapes if n != "layers" and n not in top]
+    if missing or unexpected:
+        raise ValueError(f"{path}: tensors do not match the metadata (missing: {missing[:8]}; "
+                         f"unexpected: {unexpected[:8]})")
+    dt = config.jnp_dtype
+    params = {}
+    for name, t in top.items():
+        qw = _quantized([t], config, shapes[name]) if name == "lm_head" else None
+        params[name] = (jax.tree.map(lambda a: a[0], qw) if qw is not None
+                        else jnp.asarray(_float(t, config, shapes[name]), dt))
+    params["layers"] = {}
+    for name, ts in layers.items():
+        want = shapes["layers"][name][1:]
+        qw = _quantized(ts, config, want) if name in _MATMULS else None
+        params["layers"][name] = qw if qw is not None else jnp.asarray(
+            np.stack([_float(t, config, want) for t in ts]), dt)
+    return Model(params, config)
+
+
+# ---- tensors -------------------------------------------------------------------------------------
+
+def _float(t, config: ModelConfig, want) -> np.ndarray:
+    """One tensor as float32 in specjax's layout ([in, out] for matmuls), Q/K unpermuted."""
+    if t.tensor_type in FLOAT_TYPES:
+        w = np.asarray(t.data, np.float32)
+    else:
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ValueError(f"tensor {t.name}: unsupported GGUF quant type {t.tensor_type.name}") from None
+    w = _unpermute(w, t.name, config)
+    if len(want) == 2 and t.name != "token_embd.weight":
+        w = w.T
+    if tuple(w.shape) != tuple(want):
+        raise ValueError(f"tensor {t.name}: expected shape {tuple(want)}, got {tuple(w.shape)}")
+    return w
+
+
+def _quantized(tensors, config, want) -> QuantizedWeight | None:
+    """Matmul tensors (one per layer) stacked as one QuantizedWeight, when all hold the same
+    Q8_0 / Q4_0 type and K fits the kernel's layout (P planes of 32-row groups); else None."""
+    types = {t.tensor_type for t in tensors}
+    bits = DIRECT_TYPES.get(types.pop()) if len(types) == 1 else None
+    k, n = want
+    if bits is None or k % ((8 // bits) * 32):
+        return None
+    parts = [_direct(t, config, bits, k, n) for t in tensors]
+    return QuantizedWeight(jnp.asarray(np.stack([d for d, _ in parts])),
+                           jnp.asarray(np.stack([s for _, s in parts])), bits, 32, k, n)
+
+
+def _direct(t, config, bits: int, k: int, n: int):
+    """A Q8_0 / Q4_0 tensor [n, k] as QuantizedWeight (data [k/P, n], scales [P, k/(32P), n])."""
+    block = 34 if bits == 8 else 18  # float16 scale + 32 int8 / 16 bytes of offset-8 nibbles
+    raw = np.asarray(t.data, np.uint8)
+    if raw.shape != (n, k // 32 * block):
+        raise ValueError(f"tensor {t.name}: expected {n} rows of {k} weights, got bytes {raw.shape}")
+    raw = _unpermute(raw, t.name, config).reshape(n, k // 32, block)
+    scales = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32).T  # [k/32, n]
+    if bits == 8:
+        return raw[..., 2:].copy().view(np.int8).reshape(n, k).T, scales[None]
+    nibbles = raw[..., 2:]  # low nibbles hold a block's weights 0..15, high nibbles 16..31
+    q = np.concatenate([nibbles & 0xF, nibbles >> 4], axis=-1).reshape(n, k).T ^ 8  # signed int4
+    data = (q[: k // 2] | (q[k // 2:] << 4)).astype(np.uint8).view(np.int8)  # two planes of rows
+    return data, scales.reshape(2, k // 64, n)
+
+
+def _unpermute(w, name: str, config: ModelConfig):
+    """Undo llama.cpp's reordering of Q/K rows (per head, interleaved rotary pairs -> halves);
+    llama.cpp permutes only for the llama arch."""
+    if config.model_type != "llama" or not name.endswith(("attn_q.weight", "attn_k.weight")):
+        return w
+    heads = config.num_heads if "attn_q" in name else config.num_kv_heads
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tensor_rows(reader, name):
+    t = next((t for t in reader.tensors if t.name == name), None)
+    if t is None:
+        raise ValueError(f"GGUF has neither a vocab_size nor a {name} tensor")
+    return int(t.shape[-1])
+
+
+def _gguf_name(param: str) -> str:
+    return next(k for k, v in {**_LAYER_TENSORS, **_TOP_TENSORS}.items() if v == param)
+
+
+# ---- rope scaling --------------------------------------------------------------------------------
+
+def _rope_scaling(reader, arch: str, head_dim: int) -> RopeScaling | None:
+    """Llama 3 scaling from the `rope_freqs.weight` factors llama.cpp writes in its place
+    (low_freq_factor 1 and high_freq_factor 4, as every Llama 3.x uses, checked to reproduce
+    the factors), or from `<arch>.rope.scaling.*` metadata."""
+    kind = metadata(reader, f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        raise ValueError(f"unsupported GGUF rope scaling type {kind!r}")
+    t = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if t is None:
+        return None
+    factors = np.asarray(t.data, np.float64).reshape(-1)
+    theta = float(metadata(reader, f"{arch}.rope.freq_base", 10000.0))
+    dim = int(metadata(reader, f"{arch}.rope.dimension_count", head_dim))
+    x = theta ** -(np.arange(0, dim, 2) / dim) / (2 * np.pi)  # 1 / wavelength
+    factor = float(factors.max())
+    smooth = (factors > 1) & (factors < factor)
+    # in the smooth band 1/f = (1-s)/factor + s with s = (orig x - low) / (high - low)
+    s = (1 / factors[smooth] - 1 / factor) / (1 - 1 / factor)
+    candidates = list((3 * s + 1) / x[smooth]) + [float(metadata(reader, f"{arch}.context_length", 8192))]
+    candidates += [2.0 ** p for p in range(4, 21)]
+    for orig in candidates:
+        scaling = RopeScaling(factor, 1.0, 4.0, int(round(orig)))
+        if np.allclose(_llama3_factors(scaling, x), factors, rtol=1e-4):
+            return scaling
+    raise ValueError("rope_freqs.weight: frequency factors that do not follow Llama 3's rule")
+
+
+def _llama3_factors(s: RopeScaling, x):
+    t = np.clip((s.original_max_position_embeddings * x - s.low_freq_factor)
+                / (s.high_freq_factor - s.low_freq_factor), 0, 1)
+    return 1 / ((1 - t) / s.factor + t)
