@@ -7,9 +7,6 @@ import dataclasses
 import sys
 from pathlib import Path
 
-DEFAULT_DRAFTER = "prompt-lookup"  # the fastest on the CPU in benchmarks/README.md
-
-
 class UsageError(Exception):
     """Bad command-line input: reported as one line on stderr with exit code 2."""
 
@@ -28,8 +25,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--drafter", default=DEFAULT_DRAFTER,
-                   help=f"{', '.join(NAMED)} (default: {DEFAULT_DRAFTER}; settings in specjax/drafters/named.py)")
+    g.add_argument("--drafter", default=None,
+                   help=f"{', '.join(NAMED)} (default: the fastest measured for the model and temperature, "
+                        f"see specjax/drafters/named.py)")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="render the prompt as a user message with the model's chat template "
+                        "(default: when the model has one) and print only the answer")
+    g.add_argument("--system", default=None, help="a system message (with --chat)")
 
     c = sub.add_parser("convert", help="convert an HF folder to a specjax checkpoint (or back)")
     c.add_argument("src", help="HF folder or specjax checkpoint")
@@ -72,17 +74,18 @@ def cmd_generate(args) -> None:
 
     import specjax as sj
     from specjax.convert import resolve
-    from specjax.drafters.named import NAMED, named_drafter
+    from specjax.drafters.named import NAMED, default_drafter, named_drafter
     from specjax.engine import DecodeSettings, cache_size
     from specjax.sampling import SamplingParams
 
-    if args.drafter not in NAMED:
+    if args.drafter is not None and args.drafter not in NAMED:
         raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(NAMED)}")
-    try:
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogate escapes
-        raise UsageError(f"--prompt is not valid UTF-8 (byte 0x{ord(e.object[e.start]) & 0xFF:02x} "
-                         f"at character {e.start})") from None
+    for flag, text in (("--prompt", args.prompt), ("--system", args.system or "")):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogate escapes
+            raise UsageError(f"{flag} is not valid UTF-8 (byte 0x{ord(e.object[e.start]) & 0xFF:02x} "
+                             f"at character {e.start})") from None
     try:
         SamplingParams(args.temperature, args.top_k, args.top_p)
         if args.max_new_tokens < 1:
@@ -91,22 +94,35 @@ def cmd_generate(args) -> None:
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     tokenizer = _load_tokenizer(folder)
+    chat = tokenizer.chat_template is not None if args.chat is None else args.chat
+    if chat and tokenizer.chat_template is None:
+        raise UsageError(f"--chat: the model {args.model} has no chat template")
+    if args.system is not None and not chat:
+        raise UsageError("--system needs --chat (a model with a chat template)")
     try:
         model = sj.load(folder)
     except (ValueError, OSError, KeyError) as e:
         raise UsageError(f"cannot load --model {args.model}: {e}") from None
-    ids = tokenizer.encode(args.prompt)
+    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+    try:
+        ids = (tokenizer.chat(messages + [{"role": "user", "content": args.prompt}]) if chat
+               else tokenizer.encode(args.prompt))
+    except Exception as e:  # the template raised (e.g. a role it does not accept)
+        raise UsageError(f"cannot apply the chat template: {e}") from None
     if not ids:
         raise UsageError("--prompt is empty after tokenization")
+    name = args.drafter or default_drafter(model, args.temperature)
+    eos = sorted({*tokenizer.eos_token_ids, *([model.config.eos_token_id] if model.config.eos_token_id is not None else [])})
     try:
         cache_size(model.config, len(ids), DecodeSettings(args.max_new_tokens))  # before the echo
-        drafter = named_drafter(args.drafter, model)
+        drafter = named_drafter(name, model)
         steps = sj.stream(model, ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          key=jax.random.key(args.seed), eos_token_id=model.config.eos_token_id)
+                          key=jax.random.key(args.seed), eos_token_id=eos or None)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
-    print(args.prompt, end="", flush=True)
+    shown = [] if chat else ids  # a chat prints the answer alone; plain text continues the prompt
+    print("" if chat else args.prompt, end="", flush=True)
     new = []
     while True:
         try:
@@ -114,11 +130,13 @@ def cmd_generate(args) -> None:
         except StopIteration as stop:
             stats = stop.value
             break
-        before = tokenizer.decode(ids + new)
+        before = tokenizer.decode(shown + new, skip_special_tokens=True)
         new += chunk
-        print(tokenizer.decode(ids + new)[len(before):], end="", flush=True)
-    print(f"\n[{len(new)} new tokens, {stats['tokens_per_s']:.1f} tokens/s, "
-          f"tau {stats['tau']:.2f}, method {args.drafter}, verifier {stats['verifier']}]", file=sys.stderr)
+        print(tokenizer.decode(shown + new, skip_special_tokens=True)[len(before):], end="", flush=True)
+    why = "" if args.drafter else f" (default at temperature {args.temperature:g})"
+    print(f"\n[{len(new)} new tokens, {stats['tokens_per_s']:.1f} tokens/s, tau {stats['tau']:.2f}, "
+          f"method {name}{why}, verifier {stats['verifier']}, compile {stats['compile_s']:.1f} s]",
+          file=sys.stderr)
 
 
 def cmd_convert(args) -> None:

@@ -55,3 +55,9 @@ def named_drafter(name: str, target: Model, draft: Model | str | None = None) ->
     if draft is not None and getattr(NAMED[name], "uses_draft", False):
         return NAMED[name](target, draft)
     return NAMED[name](target)
+
+
+def default_drafter(target: Model, temperature: float) -> str:
+    """The named drafter the command line uses when none is given: the fastest measured for this
+    kind of target and temperature (benchmarks/README.md), never one measured slower than AR."""
+    return "prompt-lookup" if temperature == 0 else "ar"
