@@ -146,3 +146,77 @@ def test_greedy_equals_autoregressive_on_the_shipped_model(name, tiny_prompts):
         want = sj.generate(tiny, prompts, max_new_tokens=20)
         got = sj.generate(tiny, prompts, max_new_tokens=20, drafter=named_drafter(name, tiny))
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=name)
+
+
+# ---- compiled shapes and timing -----------------------------------------------------------------
+
+def test_varied_requests_reuse_bucketed_programs(target):
+    """Prompt length, output length and batch size are padded to buckets (powers of two), so 9
+    requests of varied shapes compile 5 programs (one per bucket triple), not 9."""
+    from specjax import engine
+    requests = [(RAGGED[:1], 5), (RAGGED[1:2], 9), (RAGGED[:3], 12), (RAGGED[3:], 16), (RAGGED, 7),
+                ([list(range(1, 20))], 6), ([list(range(1, 30)), [3]], 17), (RAGGED[2:], 10), ([[9] * 16], 3)]
+    eos = 63  # a setting no other test uses: every program below is compiled here
+    before = engine._decode_jit._cache_size()
+    buckets = set()
+    for prompts, new in requests:
+        out = sj.generate(target, prompts, max_new_tokens=new, eos_token_id=eos)
+        assert out.tokens.shape == (len(prompts), new)
+        buckets.add((engine.bucket(max(map(len, prompts))), engine.bucket(new), engine.bucket(len(prompts), 1)))
+    assert engine._decode_jit._cache_size() - before == len(buckets) == 5
+    short = sj.generate(target, RAGGED, max_new_tokens=5, eos_token_id=eos)  # a budget, not a new program
+    np.testing.assert_array_equal(short.tokens, sj.generate(target, RAGGED, max_new_tokens=16,
+                                                           eos_token_id=eos).tokens[:, :5])
+
+
+def test_stats_time_decoding_apart_from_compiling(target):
+    first = sj.generate(target, [[1, 2, 3]], max_new_tokens=8, eos_token_id=62)
+    again = sj.generate(target, [[1, 2, 3]], max_new_tokens=8, eos_token_id=62)
+    assert first.stats["compile_s"] > first.stats["wall_time_s"] > 0
+    assert again.stats["compile_s"] == 0
+    assert again.stats["tokens_per_s"] == pytest.approx(8 / again.stats["wall_time_s"])
+    steps = sj.stream(target, [1, 2, 3], max_new_tokens=8, eos_token_id=61)
+    with pytest.raises(StopIteration) as stop:
+        while True:
+            next(steps)
+    stats = stop.value.value  # the generator's return value
+    assert stats["compile_s"] > 0 and stats["new_tokens"] == 8
+
+
+def test_stats_name_what_ran(target):
+    assert sj.generate(target, [[1, 2]], max_new_tokens=2).stats["verifier"] == "none (greedy)"
+    sampled = sj.generate(target, [[1, 2]], max_new_tokens=2, temperature=1.0)
+    assert sampled.stats["method"] == "ar" and sampled.stats["verifier"] == "none (sampling)"
+
+
+def test_a_tree_is_verified_at_the_smallest_size_that_holds_it(target):
+    """A drafter with tree_sizes (1, 3, 5): the step's forward covers the smallest size holding
+    every active row's valid nodes (zeros past it), and equals the full forward on them."""
+    import dataclasses
+
+    from specjax import engine
+    from specjax.models import KVCache, forward
+    from specjax.tree import chain
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass(frozen=True)
+    class Sized(PromptLookup):
+        tree_sizes = (1, 3, 5)
+
+    drafter = Sized(num_tokens=4)
+    cache = forward(target.config, target.params, jnp.array([[4, 5, 6, 7]] * 2),
+                    cache=KVCache.init(target.config, 2, 16)).cache.advance(jnp.array([4, 4]))
+    tokens = jnp.array([[8, 9, 10, 11, 12], [13, 14, 15, 16, 17]])
+    for valid_nodes, active, size in ([1, 1], [True, True], 1), ([2, 3], [True, True], 3), \
+                                     ([2, 5], [True, False], 3), ([4, 1], [True, True], 5):
+        valid = jnp.arange(5)[None, :] < jnp.array(valid_nodes)[:, None]
+        tree = chain(tokens, valid=valid)
+        positions = tree.positions(cache.lengths)
+        got = jax.jit(engine._verify_forward, static_argnums=1)(target, drafter, tree, positions, cache, None,
+                                                                jnp.array(active))
+        full = forward(target.config, target.params, tokens, positions=positions, cache=cache)
+        assert not np.any(got.logits[:, size:]), (valid_nodes, size)
+        np.testing.assert_allclose(got.logits[:, :size], full.logits[:, :size], atol=1e-5)
+        np.testing.assert_allclose(got.cache.k[:, :, 4: 4 + size], full.cache.k[:, :, 4: 4 + size], atol=1e-6)
+    with pytest.raises(ValueError, match="tree_sizes must ascend"):
+        sj.generate(target, [[1, 2]], drafter=dataclasses.replace(drafter, num_tokens=6))
