@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                          "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")
     bn.add_argument("--batch", type=int, nargs="+", default=[1])
     bn.add_argument("--max-new-tokens", type=int, default=128)
+    bn.add_argument("--temperature", type=float, default=0.0,
+                    help="sample with each method's exact rule (transformers rows are greedy only)")
     bn.add_argument("--repeats", type=int, default=3)
     bn.add_argument("--num-prompts", type=lambda s: None if s == "all" else int(s), default=8,
                     help="how many, taken in turn from each category, or 'all' (default 8)")
@@ -163,7 +165,8 @@ def cmd_bench(args) -> None:
 
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
                       batches=tuple(args.batch), num_prompts=args.num_prompts,
-                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=args.prompts)
+                      max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=args.prompts,
+                      temperature=args.temperature)
     if args.quick:
         cfg = dataclasses.replace(cfg, num_prompts=2, max_new_tokens=16, repeats=1)
     try:

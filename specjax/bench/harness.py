@@ -51,6 +51,7 @@ class BenchConfig:
     num_prompts: int | None = 8  # None: the whole set
     max_new_tokens: int = 128
     repeats: int = 3
+    temperature: float = 0.0  # > 0: specjax rows sample (their exact rules); peers run greedy only
     seed: int = 0
 
 
@@ -143,24 +144,26 @@ class _Method:
             self.nodes = "-"
 
     def supports(self, batch: int) -> bool:
-        return self.kind != "peer" or self.peers.supports(self.name, batch)
+        return self.kind != "peer" or (self.cfg.temperature == 0 and self.peers.supports(self.name, batch))
 
     def prepare(self, groups) -> None:
         """Per batch size, before the warm-up: adaptive measures its step costs and acceptance here."""
         if self.kind == "adaptive":
             self.calibration[len(groups[0])] = adaptive.calibrate(
                 self.model, [p for g in groups for p in g], self.adaptive, batch_size=len(groups[0]),
-                max_new_tokens=self.cfg.max_new_tokens)
+                max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
 
     def decode(self, groups):
-        n = self.cfg.max_new_tokens
+        n, t = self.cfg.max_new_tokens, self.cfg.temperature
         if self.kind == "peer":
             return [self.peers.decode(self.name, g, n) for g in groups]
+        keys = [jax.random.key(self.cfg.seed + i) for i in range(len(groups))]
         if self.kind == "adaptive":
-            outs = [adaptive.generate(self.model, g, self.adaptive, max_new_tokens=n,
-                                      calibration=self.calibration[len(g)]) for g in groups]
+            outs = [adaptive.generate(self.model, g, self.adaptive, max_new_tokens=n, temperature=t, key=k,
+                                      calibration=self.calibration[len(g)]) for g, k in zip(groups, keys)]
         else:
-            outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.drafter) for g in groups]
+            outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.drafter, temperature=t, key=k)
+                    for g, k in zip(groups, keys)]
         return [(o.tokens, o.stats) for o in outs]
 
 
@@ -215,11 +218,11 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
             new = sum(int(s["new_tokens"]) for s in outs)
             committed = sum(s["committed_tokens"] for s in outs)
             steps = sum(s["steps"] for s in outs)
-            tps = new / statistics.median(walls[m])
+            tps = new / min(walls[m])  # the least of the repeats: interference only adds time
             ar_tps = tps if m == "ar" else ar_tps
             first = last[m][0][0][0]
-            matches = bool(np.array_equal(first, ar_first))
-            if not matches:
+            matches = bool(np.array_equal(first, ar_first)) if cfg.temperature == 0 else None  # sampled: apart
+            if matches is False:
                 print(f"warning: {m} (batch {batch}) differs from specjax ar on the first prompt at token "
                       f"{int(np.argmax(first != ar_first))}", file=sys.stderr)
             row = {
@@ -228,7 +231,7 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
                 "acceptance_per_depth": _mean_acceptance(outs) if runners[m].kind != "peer" else [],
                 "tokens_per_s": tps, "speedup": tps / ar_tps,
                 "verifier": outs[0].get("verifier", "transformers greedy"), "lossy": m in LOSSY,
-                "wall_s_median": statistics.median(walls[m]), "new_tokens": new,
+                "wall_s_min": min(walls[m]), "wall_s_median": statistics.median(walls[m]), "new_tokens": new,
                 "matches_ar_first_prompt": matches,
                 "mem_mb": round(mem[m][0], 1), "mem_source": mem[m][1],
                 "tau_per_category": _tau_per_category(cats, outs),
@@ -253,8 +256,11 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
 
 
 def skipped(cfg: BenchConfig) -> list[dict]:
-    """The (method, batch) pairs `run` leaves out: transformers' assisted generation and prompt
-    lookup run at batch 1 only."""
+    """The (method, batch) pairs `run` leaves out: transformers' rows when sampling (they run
+    greedy), and its assisted generation and prompt lookup at batch > 1 (batch 1 only)."""
+    if cfg.temperature > 0:
+        return [{"method": m, "batch": b, "why": "transformers rows run greedy only"}
+                for b in cfg.batches for m in cfg.methods if m in PEERS]
     return [{"method": m, "batch": b, "why": "transformers supports it at batch 1 only"}
             for b in cfg.batches for m in cfg.methods if m in BATCH1_ONLY and b > 1]
 
@@ -293,7 +299,7 @@ def markdown(rows: list[dict], skipped_rows: list[dict] = ()) -> str:
         tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
         lines.append(f"| {label} | {r['batch']} | {r.get('tree_nodes', '-')} | {r['verifier']} | {tau} | {acc} | "
                      f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r.get('mem_mb', '-')} | "
-                     f"{'yes' if r.get('matches_ar_first_prompt', True) else 'NO'} |")
+                     f"{ {True: 'yes', False: 'NO', None: '-'}[r.get('matches_ar_first_prompt', True)]} |")
     for s in skipped_rows:
         lines.append(f"| {s['method']} | {s['batch']} | skipped: {s['why']} | | | | | | | |")
     cats = list(dict.fromkeys(c for r in rows for c in r.get("tau_per_category", {})))
@@ -347,7 +353,7 @@ def write(rows: list[dict], cfg: BenchConfig, out: Path, command: str, skipped_r
 NOTES = [
     "tau = tokens per target forward, bonus included (peers: new tokens / forward calls of the "
     "transformers target, counted by a hook, the prefill forward included).",
-    "speedup = tokens/s over specjax `ar` at the same batch, same run; medians over interleaved repeats.",
+    "speedup = tokens/s over specjax `ar` at the same batch, same run; the least wall time of the interleaved repeats (interference on a shared machine only adds time; medians are in results.json).",
     "Every prompt decodes exactly max_new_tokens tokens, EOS ignored (specjax and transformers alike), so "
     "every method does the same work; the tokens after an EOS are still the model's greedy (or sampled) text.",
     "Prompts are whole (ragged lengths), in the model's chat template when it has one (multi-turn chat rows: "
@@ -357,7 +363,8 @@ NOTES = [
     "mem = rise of the process RSS during the method's first timed (already compiled) run, sampled "
     "every 5 ms (device peak-bytes rise on accelerators): approximate, since memory the allocator "
     "kept from earlier methods is reused; peak_rss_mb in results.json is the whole process's peak.",
-    "= ar: the method's greedy output on the first prompt equals specjax ar's token for token.",
+    "= ar: the method's greedy output on the first prompt equals specjax ar's token for token ('-' when sampling: "
+    "each method draws its own random stream; exactness is tested by chi-square instead).",
     "adaptive-*: speculation length chosen by goodput (SmartSpec) from step costs (step_costs_ms, per k) "
     "and per-depth acceptance (calibrated_rates) measured on the prompts per batch size before the run; "
     "where no k > 0 beats AR by 10%, or the loop lost a race with AR then (calibrated_speedup), it runs "

@@ -103,6 +103,12 @@ class Lookahead(Drafter):
         return self.branch_length
 
     @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        """The retrieved nodes come first: a step verifies the root alone when the trie has no
+        match, half the tree when it found at most that many nodes."""
+        return tuple(sorted({1, (self.num_nodes + 1) // 2, self.num_nodes}))
+
+    @property
     def levels(self) -> int:
         """L: trie depth, so a full-length query still leaves branch_length levels below it."""
         return self.branch_length + self.max_query_length
