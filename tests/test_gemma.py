@@ -90,3 +90,114 @@ def test_greedy_matches_transformers_on_a_ragged_batch(family, gemma):
             want = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
         assert out.tokens[i].tolist() == want, (family, i)
+
+
+def ancestor_mask(parents):
+    mask = np.eye(len(parents), dtype=bool)
+    for i, p in enumerate(parents):
+        while p >= 0:
+            mask[i, p] = True
+            p = parents[p]
+    return mask
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_tree_verification_under_sliding_windows_matches_each_branch(family, gemma):
+    """A prefix and tree paths longer than the window: a node at depth d sees the window that
+    ends at its own position, through its ancestors, as transformers does on the branch."""
+    hf, folder = gemma(family)
+    model = sj.load(folder)
+    prefix = [3, 14, 15, 9, 26, 53]
+    parents = [-1, 0, 1, 2, 3, 4, 0, 6, 2]  # a 6-node chain, a side branch at the root and at node 2
+    tokens = [7, 81, 28, 18, 28, 45, 90, 4, 66]
+    depth = [0, 1, 2, 3, 4, 5, 1, 2, 3]
+    cache = KVCache.init(model.config, 1, 32)
+    cache = forward(model.config, model.params, jnp.array([prefix]), cache=cache).cache
+    cache = cache.advance(jnp.array([len(prefix)]))
+    out = forward(model.config, model.params, jnp.array([tokens]), cache=cache,
+                  positions=len(prefix) + jnp.array([depth]), tree_mask=jnp.asarray(ancestor_mask(parents))[None])
+    for leaf in (5, 7, 8):
+        branch = [leaf]
+        while parents[branch[0]] >= 0:
+            branch.insert(0, parents[branch[0]])
+        ref = hf_logits(hf, [prefix + [tokens[i] for i in branch]])[0, len(prefix):]
+        np.testing.assert_allclose(out.logits[0, jnp.array(branch)], ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_saving_as_hf_round_trips(family, gemma, tmp_path):
+    hf, folder = gemma(family)
+    model = sj.load(folder)
+    sj.save(model, tmp_path / "out", format="hf")
+    again = sj.load(tmp_path / "out")
+    assert again.config == model.config
+    jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    tokens = np.arange(3, 15)[None]
+    np.testing.assert_allclose(hf_logits(reloaded, tokens), hf_logits(hf, tokens), atol=1e-6, rtol=0)
+
+
+def test_specjax_checkpoint_round_trips(gemma, tmp_path):
+    model = sj.load(gemma("gemma3")[1])
+    sj.save(model, tmp_path / "ckpt")
+    again = sj.load(tmp_path / "ckpt")
+    assert again.config == model.config
+    jax.tree.map(np.testing.assert_array_equal, again.params, model.params)
+
+
+def test_the_language_model_of_gemma3_for_conditional_generation_loads(tmp_path):
+    """Gemma3ForConditionalGeneration's folder: its text_config and language-model tensors are
+    read, the vision tower and projector are left out."""
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=hf_config("gemma3").to_dict(), vision_config=vision,
+                                       mm_tokens_per_image=4, image_token_index=95, boi_token_index=93,
+                                       eoi_token_index=94)
+    hf = randomised(transformers.Gemma3ForConditionalGeneration(config), seed=1)
+    hf.save_pretrained(tmp_path)
+    model = sj.load(tmp_path)
+    assert model.config.model_type == "gemma3" and model.config.num_layers == 4
+    tokens = np.random.RandomState(1).randint(3, 90, size=(2, 9))
+    np.testing.assert_allclose(np.asarray(sj.forward(model, jnp.asarray(tokens))), hf_logits(hf, tokens),
+                               atol=1e-4, rtol=0)
+
+
+# ---- speculative decoding on a Gemma target ------------------------------------------------------
+
+RAGGED = [[5, 17, 33, 9, 60, 5, 17, 33, 9], [40, 3], [8, 8, 50, 14, 22, 8, 8], [11]]
+
+
+def noisy_copy(model, scale=0.2, seed=7):
+    leaves, tree = jax.tree.flatten(model.params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [w + scale * jnp.std(w) * jax.random.normal(k, w.shape) for w, k in zip(leaves, keys)]
+    return sj.Model(jax.tree.unflatten(tree, noisy), model.config)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_speculative_greedy_equals_autoregressive(family, gemma):
+    target = sj.load(gemma(family)[1])
+    draft = DraftModel(noisy_copy(target), mode="chain", k=3)
+    want = sj.generate(target, RAGGED, max_new_tokens=16)
+    for drafter in (draft, PromptLookup(max_ngram=2, num_tokens=4), TokenRecycling(topk=3, template=(-1, 0, 0, 0, 1, 2, 4))):
+        got = sj.generate(target, RAGGED, max_new_tokens=16, drafter=drafter)
+        np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=drafter.name)
+        if drafter is draft:
+            assert got.stats["tau"] > 1.3, got.stats  # drafts were accepted: trees were verified
+
+
+def sharp_gemma(seed: int) -> sj.Model:
+    """A random Gemma 2 (window 2, soft-capped) with the exactness harness's tiny vocabulary."""
+    from tests.exactness import V
+    cfg = sj.ModelConfig.from_hf({**BASE, **FAMILIES["gemma2"][1], "model_type": "gemma2", "vocab_size": V,
+                                  "max_position_embeddings": 32, "sliding_window": 2,
+                                  "final_logit_softcapping": 8.0})
+    return sj.Model(init_params(cfg, jax.random.key(seed), std=0.6), cfg)
+
+
+def test_speculative_sampling_keeps_the_autoregressive_law():
+    from tests.exactness import chi_square_pvalue, exact_joint, sampled_joint
+    target, draft = sharp_gemma(3), sharp_gemma(4)
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    counts = sampled_joint(target, DraftModel(draft, mode="chain", k=2), sj.verify.SpeculativeSampling(), params)
+    assert chi_square_pvalue(counts, exact_joint(target, params)) > 1e-4

@@ -64,7 +64,7 @@ class ModelConfig:
     norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w) (Gemma: 1)
     scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), in dtype (Gemma)
     sandwich_norms: bool = False  # norms after attention and MLP too (Gemma 2/3)
-    query_pre_attn_scalar: float | None = None  # attention scale its -1/2 power, else head_dim's
+    query_pre_attn_scalar: int | None = None  # the attention scale is its -1/2 power, else head_dim's
     attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
     final_logit_softcapping: float | None = None  # the same on the output logits (Gemma 2)
     dtype: str = "float32"
@@ -196,7 +196,7 @@ class ModelConfig:
             norm_offset=1.0 if gemma else 0.0,
             scale_embeddings=gemma,
             sandwich_norms=model_type in ("gemma2", "gemma3"),
-            query_pre_attn_scalar=(float(hf.get("query_pre_attn_scalar", 256))
+            query_pre_attn_scalar=(int(hf.get("query_pre_attn_scalar", 256))
                                    if model_type in ("gemma2", "gemma3") else None),
             attn_logit_softcapping=hf.get("attn_logit_softcapping"),
             final_logit_softcapping=hf.get("final_logit_softcapping"),
