@@ -35,9 +35,9 @@ FAMILIES = {
 PROMPTS = [[5, 17, 33, 9, 60, 71, 12, 5, 17], [40, 3], [8, 8, 90, 14, 22, 8]]
 
 
-def hf_config(name: str):
+def hf_config(name: str, **overrides):
     cls_name, extra = FAMILIES[name]
-    return getattr(transformers, cls_name)(**{**BASE, **extra})
+    return getattr(transformers, cls_name)(**{**BASE, **extra, **overrides})
 
 
 def randomised(model, seed):
@@ -160,6 +160,104 @@ def test_the_language_model_of_gemma3_for_conditional_generation_loads(tmp_path)
     tokens = np.random.RandomState(1).randint(3, 90, size=(2, 9))
     np.testing.assert_allclose(np.asarray(sj.forward(model, jnp.asarray(tokens))), hf_logits(hf, tokens),
                                atol=1e-4, rtol=0)
+
+
+# ---- GGUF ----------------------------------------------------------------------------------------
+
+GGUF_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+              "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
+SANDWICH_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                  "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def write_gemma_gguf(hf, family, path, qtype):
+    """`hf` as llama.cpp's convert_hf_to_gguf.py writes a Gemma: arch metadata, norms with the 1
+    added, Q/K unpermuted, no output.weight (tied), 1-D tensors in F32, 2-D ones in `qtype`."""
+    gguf = pytest.importorskip("gguf")
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), family)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_bos_token_id(c.bos_token_id)
+    w.add_eos_token_id(c.eos_token_id)
+    if family != "gemma":
+        w.add_sliding_window(c.sliding_window)
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
+    if family == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)
+    w.add_rope_freq_base(rope["rope_theta"])
+    if family == "gemma3":
+        w.add_rope_freq_base_swa(c.rope_parameters["sliding_attention"]["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    names = {**GGUF_NAMES, **(SANDWICH_NAMES if family != "gemma" else {"post_attention_layernorm": "ffn_norm"})}
+    for key, t in hf.state_dict().items():
+        a = t.detach().float().numpy()
+        if key.endswith("norm.weight"):
+            a = a + 1
+        if key == "lm_head.weight":
+            continue
+        name = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}.get(key)
+        if name is None:
+            i, rest = key.removeprefix("model.layers.").split(".", 1)
+            name = f"blk.{i}.{names[rest.removesuffix('.weight')]}.weight"
+        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, a.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def gguf_source(family, folder):
+    """A random model of the family that a GGUF can describe: llama.cpp derives the attention
+    scale from head_dim (the 27B models aside), so query_pre_attn_scalar is head_dim here."""
+    extra = {} if family == "gemma" else dict(query_pre_attn_scalar=BASE["head_dim"])
+    hf = randomised(transformers.AutoModelForCausalLM.from_config(hf_config(family, **extra)), seed=2)
+    hf.save_pretrained(folder)
+    return hf
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_gguf_loads_with_norms_unfolded_once(family, tmp_path):
+    from specjax.convert import load_gguf
+    gguf = pytest.importorskip("gguf")
+    hf = gguf_source(family, tmp_path / "hf")
+    want = sj.load(tmp_path / "hf")
+    got = load_gguf(write_gemma_gguf(hf, family, tmp_path / "m.gguf", gguf.GGMLQuantizationType.F32))
+    assert got.config == want.config
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), got.params, want.params)
+    tokens = jnp.asarray(np.random.RandomState(0).randint(3, 96, size=(2, 11)))
+    np.testing.assert_allclose(sj.forward(got, tokens), hf_logits(hf, tokens), atol=1e-4, rtol=0)
+
+
+def test_a_q8_0_gemma_gguf_loads_into_int8_weights_close_to_float(tmp_path):
+    from pallas_kernels import QuantizedWeight
+    from specjax.convert import load_gguf
+    gguf = pytest.importorskip("gguf")
+    hf = gguf_source("gemma3", tmp_path / "hf")
+    got = load_gguf(write_gemma_gguf(hf, "gemma3", tmp_path / "m.gguf", gguf.GGMLQuantizationType.Q8_0))
+    assert isinstance(got.params["layers"]["wq"], QuantizedWeight)
+    tokens = np.random.RandomState(0).randint(3, 96, size=(2, 11))
+    ours, ref = np.asarray(sj.forward(got, jnp.asarray(tokens))), hf_logits(hf, tokens)
+    assert np.corrcoef(ours.ravel(), ref.ravel())[0, 1] > 0.999  # int8 rounding, not a layout error
+    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
 
 
 # ---- speculative decoding on a Gemma target ------------------------------------------------------

@@ -289,12 +289,18 @@ def _rope_parameters(hf: dict[str, Any], model_type: str) -> tuple[dict[str, Any
 
 
 def _layer_types(hf: dict[str, Any], model_type: str) -> tuple[str, ...] | None:
-    """Which layers are windowed: `layer_types`, else Gemma 2's alternation (even layers slide)
-    or Gemma 3's `sliding_window_pattern` (every n-th layer global); None for every layer."""
+    """Which layers are windowed: `layer_types`, else Gemma 2/3's pattern; None for every layer."""
     if hf.get("layer_types"):
         return tuple(hf["layer_types"])
-    period = {"gemma2": 2, "gemma3": hf.get("sliding_window_pattern", 6)}.get(model_type)
-    if period is None:
+    if model_type not in ("gemma2", "gemma3"):
         return None
-    return tuple("sliding_attention" if (i + 1) % period else "full_attention"
-                 for i in range(hf["num_hidden_layers"]))
+    return gemma_layer_types(model_type, hf["num_hidden_layers"], hf.get("sliding_window_pattern"))
+
+
+def gemma_layer_types(model_type: str, num_layers: int, pattern=None) -> tuple[str, ...]:
+    """Gemma 2/3's local/global layers: `pattern` as a period (every n-th layer global; Gemma 2
+    alternates, period 2, Gemma 3's default is 6) or as one bool per layer (True: sliding)."""
+    if pattern is None or isinstance(pattern, int):
+        period = pattern or {"gemma2": 2, "gemma3": 6}[model_type]
+        pattern = [bool((i + 1) % period) for i in range(num_layers)]
+    return tuple("sliding_attention" if p else "full_attention" for p in pattern)
