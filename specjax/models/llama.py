@@ -130,10 +130,11 @@ def rope_inv_freq(config: ModelConfig, local: bool = False) -> jax.Array:
     """Inverse frequencies [hd/2], with the configured scaling; `local`: those of the sliding
     layers when they have their own base (Gemma 3), unscaled."""
     hd = config.head_dim
-    theta = config.rope_local_theta if local and config.rope_local_theta is not None else config.rope_theta
+    local = local and config.rope_local_theta is not None
+    theta = config.rope_local_theta if local else config.rope_theta
     inv = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
     s = config.rope_scaling
-    if s is None or (local and config.rope_local_theta is not None):
+    if s is None or local:
         return inv
     if s.rope_type == "linear":
         return inv / s.factor
@@ -237,7 +238,8 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         extra = inject.make(x) if inject.layer == 0 else jnp.zeros((b, m, x.shape[-1]))
         x = jnp.concatenate([x, extra.astype(x.dtype)], axis=1)
     inv_freqs, windows = layer_rope_and_windows(c)
-    distance = positions[:, :, None] - positions[:, None, :]  # a window applies inside the block too
+    if windows is not None:  # a window applies inside the new block as well
+        distance = positions[:, :, None] - positions[:, None, :]
 
     if cache is None:
         empty = jnp.zeros((c.num_layers, b, 0, c.num_kv_heads, c.head_dim), c.jnp_dtype)
