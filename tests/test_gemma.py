@@ -192,6 +192,7 @@ def write_gemma_gguf(hf, family, path, qtype):
     w.add_eos_token_id(c.eos_token_id)
     if family != "gemma":
         w.add_sliding_window(c.sliding_window)
+    if family == "gemma3":  # Gemma 2's alternation is left to the reader's default, as llama.cpp does
         w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
     if family == "gemma2":
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
@@ -205,11 +206,11 @@ def write_gemma_gguf(hf, family, path, qtype):
         w.add_rope_scaling_factor(rope["factor"])
     names = {**GGUF_NAMES, **(SANDWICH_NAMES if family != "gemma" else {"post_attention_layernorm": "ffn_norm"})}
     for key, t in hf.state_dict().items():
+        if key == "lm_head.weight":
+            continue
         a = t.detach().float().numpy()
         if key.endswith("norm.weight"):
             a = a + 1
-        if key == "lm_head.weight":
-            continue
         name = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}.get(key)
         if name is None:
             i, rest = key.removeprefix("model.layers.").split(".", 1)
