@@ -92,6 +92,17 @@ def test_greedy_matches_transformers_on_a_ragged_batch(family, gemma):
         assert out.tokens[i].tolist() == want, (family, i)
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_bfloat16_is_close_to_float32(family, gemma):
+    """Measured: 0.044 and 0.068 of max error, where transformers' own bfloat16 is off by 0.048
+    and 0.117."""
+    hf, folder = gemma(family)
+    bf16 = sj.load(folder, dtype="bfloat16")
+    assert bf16.params["layers"]["post_attn_norm"].dtype == jnp.bfloat16
+    tokens = np.random.RandomState(0).randint(3, 96, size=(2, 11))
+    np.testing.assert_allclose(sj.forward(bf16, jnp.asarray(tokens)), hf_logits(hf, tokens), atol=0.1, rtol=0)
+
+
 def ancestor_mask(parents):
     mask = np.eye(len(parents), dtype=bool)
     for i, p in enumerate(parents):
