@@ -173,6 +173,15 @@ def test_the_language_model_of_gemma3_for_conditional_generation_loads(tmp_path)
                                atol=1e-4, rtol=0)
 
 
+def test_bad_gemma_configs_fail_clearly():
+    cfg = {**hf_config("gemma3").to_dict(), "model_type": "gemma3_text"}
+    for change, message in [(dict(layer_types=["full_attention"]), "layer_types must name 4 layers"),
+                            (dict(use_bidirectional_attention=True), "not a causal LM"),
+                            (dict(hidden_activation="relu"), "unsupported hidden_act 'relu'")]:
+        with pytest.raises(ValueError, match=message):
+            sj.ModelConfig.from_hf({**cfg, **change})
+
+
 # ---- GGUF ----------------------------------------------------------------------------------------
 
 GGUF_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
