@@ -9,12 +9,14 @@ MAX_KERNEL_NODES = 256  # longer blocks (prefill) are not tree verification: XLA
 
 
 def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
-                   q_positions=None, window=None, interpret=False, impl: str | None = None):
+                   q_positions=None, window=None, scale=None, softcap=None, interpret=False,
+                   impl: str | None = None):
     """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,N,KV,hd],
     tree_mask bool[B,N,N] -> [B,N,Hq,hd] in q's dtype (contract: reference.tree_attention).
 
     Runs the GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
-    `interpret`); the reference runs on CPU, with a sliding `window`, with an empty cache and
+    `interpret`); the reference runs on CPU, with a sliding `window`, a `scale` other than
+    1/sqrt(hd) or a `softcap` (Gemma 2/3: the kernels have neither), with an empty cache and
     for more than MAX_KERNEL_NODES nodes.
     """
     b, n, hq, hd = q.shape
@@ -25,7 +27,8 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
         raise ValueError(f"k_tree must be {(b, n, kv, hd)} and tree_mask {(b, n, n)}, got "
                          f"{k_tree.shape} and {tree_mask.shape}")
     impl = pick_impl(impl, interpret)
-    fallback = window is not None or s == 0 or n > MAX_KERNEL_NODES
+    fallback = (window is not None or softcap is not None or (scale is not None and scale != hd ** -0.5)
+                or s == 0 or n > MAX_KERNEL_NODES)
     if impl == "gpu" and not fallback and gpu.supports(q, k_cache):
         return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
                                   interpret=interpret)
@@ -33,4 +36,5 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
         return tpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
                                   interpret=interpret)
     return reference.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
-                                    q_positions=q_positions, window=window)
+                                    q_positions=q_positions, window=window, scale=scale,
+                                    softcap=softcap)

@@ -11,18 +11,23 @@ import jax.numpy as jnp
 
 
 def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
-                   q_positions=None, window=None):
+                   q_positions=None, window=None, scale=None, softcap=None):
     """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,N,KV,hd],
-    tree_mask bool[B,N,N] -> [B,N,Hq,hd] in q's dtype. Scale 1/sqrt(hd).
+    tree_mask bool[B,N,N] -> [B,N,Hq,hd] in q's dtype. Scores are q.k * scale (default
+    1/sqrt(hd)), soft-capped to softcap * tanh(scores / softcap) when `softcap` is given.
 
-    With `window` (sliding-window attention) a query at position q_positions[b, i] also needs
-    q_positions[b, i] - slot < window for a cache slot to be visible (slot index == position).
+    With `window` (sliding-window attention; a scalar, which may be traced) a query at position
+    q_positions[b, i] also needs q_positions[b, i] - slot < window for a cache slot to be
+    visible (slot index == position).
     """
     b, n, hq, hd = q.shape
     s, kv = k_cache.shape[1], k_cache.shape[2]
-    qg = q.reshape(b, n, kv, hq // kv, hd).astype(jnp.float32) * (hd ** -0.5)
+    scale = hd ** -0.5 if scale is None else scale
+    qg = q.reshape(b, n, kv, hq // kv, hd).astype(jnp.float32) * scale
     s_cache = jnp.einsum("bnkgd,bskd->bkgns", qg, k_cache.astype(jnp.float32))
     s_tree = jnp.einsum("bnkgd,bmkd->bkgnm", qg, k_tree.astype(jnp.float32))
+    if softcap is not None:
+        s_cache, s_tree = softcap * jnp.tanh(s_cache / softcap), softcap * jnp.tanh(s_tree / softcap)
     slot = jnp.arange(s)
     visible = slot[None, None, :] < lengths[:, None, None]  # [B,1,S]
     if window is not None:

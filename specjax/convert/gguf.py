@@ -1,8 +1,9 @@
-"""GGUF files (llama.cpp) -> specjax Model, for the Llama family (llama, qwen2, qwen3 arches).
+"""GGUF files (llama.cpp) -> specjax Model: the llama, qwen2, qwen3, gemma, gemma2 and gemma3 arches.
 
 Q8_0 and Q4_0 matmul weights load straight into int8 / int4 QuantizedWeight (group size 32, the
 block's one scale per 32 input weights); every other quantized type is dequantized to `dtype`.
-The token embedding is gathered, not multiplied, so it is always dequantized.
+The token embedding is gathered, not multiplied, so it is always dequantized. llama.cpp stores
+Gemma's norm weights with the 1 of its (1 + w) scale added: it is taken off again here.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import numpy as np
 
 from pallas_kernels import QuantizedWeight
 from specjax.models import Model, ModelConfig, RopeScaling, param_shapes
+from specjax.models.config import GEMMA, gemma_layer_types
 
 Q = gguf.GGMLQuantizationType
-ARCHITECTURES = ("llama", "qwen2", "qwen3")  # GGUF general.architecture == specjax model_type
+ARCHITECTURES = ("llama", "qwen2", "qwen3", *GEMMA)  # GGUF general.architecture == specjax model_type
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 DIRECT_TYPES = {Q.Q8_0: 8, Q.Q4_0: 4}  # types read into QuantizedWeight bits without dequantizing
 _MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -28,7 +30,8 @@ _LAYER_TENSORS = {  # blk.N.<name> -> specjax layer param
     "attn_v.weight": "wv", "attn_output.weight": "wo", "attn_q.bias": "bq", "attn_k.bias": "bk",
     "attn_v.bias": "bv", "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
     "ffn_norm.weight": "mlp_norm", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up",
-    "ffn_down.weight": "w_down",
+    "ffn_down.weight": "w_down", "post_attention_norm.weight": "post_attn_norm",
+    "post_ffw_norm.weight": "post_mlp_norm",
 }
 _TOP_TENSORS = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
 
@@ -71,12 +74,14 @@ def gguf_config(reader: gguf.GGUFReader, dtype: str | None = None) -> ModelConfi
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = (metadata(reader, f"{arch}.vocab_size") or (tokens and len(tokens.data))
              or _tensor_rows(reader, "token_embd.weight"))
+    num_layers = key("block_count")
+    gemma = _gemma_fields(reader, arch, num_layers, hidden // num_heads, head_dim) if arch in GEMMA else {}
     return ModelConfig(
         model_type=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=key("feed_forward_length"),
-        num_layers=key("block_count"),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=key("attention.head_count_kv", num_heads),
         head_dim=head_dim,
@@ -86,11 +91,34 @@ def gguf_config(reader: gguf.GGUFReader, dtype: str | None = None) -> ModelConfi
         rms_norm_eps=float(str(np.float32(key("attention.layer_norm_rms_epsilon")))),  # 1e-5, not 9.99e-6
         tie_word_embeddings="output.weight" not in names,
         attention_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         dtype=dtype or "float32",
         bos_token_id=metadata(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_id=metadata(reader, "tokenizer.ggml.eos_token_id"),
+        **gemma,
     )
+
+
+def _gemma_fields(reader, arch: str, num_layers: int, hidden_per_head: int, head_dim: int) -> dict:
+    """The Gemma fields of ModelConfig, as llama.cpp writes or hard-codes them: Gemma 2/3's
+    window and local/global pattern, Gemma 3's local RoPE base (`rope.freq_base_swa`, else
+    llama.cpp's 10000), soft-caps, and the attention scale: 1/sqrt(head_dim), 1/sqrt(hidden /
+    heads) for the 27B models (46 layers in Gemma 2, 62 in Gemma 3)."""
+    fields = dict(hidden_act="gelu_pytorch_tanh", norm_offset=1.0, scale_embeddings=True)
+    if arch == "gemma":
+        return fields
+    big = num_layers == {"gemma2": 46, "gemma3": 62}[arch]
+    window = metadata(reader, f"{arch}.attention.sliding_window")
+    pattern = metadata(reader, f"{arch}.attention.sliding_window_pattern")
+    caps = {name: metadata(reader, f"{arch}.{name}") for name in ("attn_logit_softcapping",
+                                                                  "final_logit_softcapping")}
+    fields.update(sandwich_norms=True, query_pre_attn_scalar=hidden_per_head if big else head_dim,
+                  **{name: None if cap is None else float(str(np.float32(cap))) for name, cap in caps.items()})
+    if window is not None:
+        fields.update(sliding_window=int(window), layer_types=gemma_layer_types(arch, num_layers, pattern))
+    if arch == "gemma3":
+        fields["rope_local_theta"] = float(metadata(reader, f"{arch}.rope.freq_base_swa", 10000.0))
+    return fields
 
 
 def load_gguf(path: str | os.PathLike, dtype: str | None = None) -> Model:
@@ -148,6 +176,8 @@ def _float(t, config: ModelConfig, want) -> np.ndarray:
         except NotImplementedError:
             raise ValueError(f"tensor {t.name}: unsupported GGUF quant type {t.tensor_type.name}") from None
     w = _unpermute(w, t.name, config)
+    if t.name.endswith("norm.weight"):
+        w = w - config.norm_offset
     if len(want) == 2 and t.name != "token_embd.weight":
         w = w.T
     if tuple(w.shape) != tuple(want):
@@ -207,10 +237,12 @@ def _gguf_name(param: str) -> str:
 # ---- rope scaling --------------------------------------------------------------------------------
 
 def _rope_scaling(reader, arch: str, head_dim: int) -> RopeScaling | None:
-    """Llama 3 scaling from the `rope_freqs.weight` factors llama.cpp writes in its place
-    (low_freq_factor 1 and high_freq_factor 4, as every Llama 3.x uses, checked to reproduce
-    the factors), or from `<arch>.rope.scaling.*` metadata."""
+    """Linear scaling from `<arch>.rope.scaling.*` metadata (Gemma 3), or Llama 3 scaling from the
+    `rope_freqs.weight` factors llama.cpp writes in its place (low_freq_factor 1 and
+    high_freq_factor 4, as every Llama 3.x uses, checked to reproduce the factors)."""
     kind = metadata(reader, f"{arch}.rope.scaling.type")
+    if kind == "linear":
+        return RopeScaling(float(metadata(reader, f"{arch}.rope.scaling.factor")), rope_type="linear")
     if kind not in (None, "none"):
         raise ValueError(f"unsupported GGUF rope scaling type {kind!r}")
     t = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)

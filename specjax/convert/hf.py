@@ -1,4 +1,5 @@
-"""Hugging Face safetensors folders <-> specjax Model (Llama, Mistral, Qwen2/2.5, Qwen3)."""
+"""Hugging Face safetensors folders <-> specjax Model (Llama, Mistral, Qwen2/2.5, Qwen3, Gemma
+1/2/3; of Gemma3ForConditionalGeneration the language model, its vision tower left out)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,20 @@ _LAYER_KEYS = {
     "mlp.up_proj.weight": ("w_up", True),
     "mlp.down_proj.weight": ("w_down", True),
 }
+# Gemma 2/3 name their four norms differently: post_attention_layernorm follows attention there
+_SANDWICH_KEYS = {**_LAYER_KEYS, "post_attention_layernorm.weight": ("post_attn_norm", False),
+                  "pre_feedforward_layernorm.weight": ("mlp_norm", False),
+                  "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
 _TOP_KEYS = {"model.embed_tokens.weight": ("embed", False), "model.norm.weight": ("norm", False),
              "lm_head.weight": ("lm_head", True)}
-_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$|(model\.)?(vision_tower|multi_modal_projector)\..*")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# the language model inside Gemma3ForConditionalGeneration, as transformers 5 and 4 name it
+_LANGUAGE_MODEL = re.compile(r"model\.language_model\.|language_model\.model\.")
+
+
+def _layer_keys(config: ModelConfig) -> dict:
+    return _SANDWICH_KEYS if config.sandwich_norms else _LAYER_KEYS
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -69,30 +80,31 @@ def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
     config = ModelConfig.from_json_file(folder / "config.json", dtype=dtype)
     shapes = param_shapes(config)
+    layer_keys = _layer_keys(config)
     per_layer: dict[str, list] = {name: [None] * config.num_layers for name in shapes["layers"]}
     top: dict[str, np.ndarray] = {}
     unexpected = []
     for file in _weight_files(folder):
         with _open(file) as f:
             for key in f.keys():
-                if _IGNORED.match(key):
+                if _IGNORED.fullmatch(key):
                     continue
-                m = _LAYER_RE.fullmatch(key)
-                if m and m.group(2) in _LAYER_KEYS and int(m.group(1)) < config.num_layers:
-                    name, transpose = _LAYER_KEYS[m.group(2)]
+                m = _LAYER_RE.fullmatch(_LANGUAGE_MODEL.sub("model.", key, count=1))
+                if m and m.group(2) in layer_keys and int(m.group(1)) < config.num_layers:
+                    name, transpose = layer_keys[m.group(2)]
                     if name not in per_layer:
                         unexpected.append(key)
                         continue
                     want = shapes["layers"][name][1:]
                     per_layer[name][int(m.group(1))] = _checked(f.get_tensor(key), key, want, transpose)
-                elif key in _TOP_KEYS:
-                    name, transpose = _TOP_KEYS[key]
+                elif _LANGUAGE_MODEL.sub("model.", key, count=1) in _TOP_KEYS:
+                    name, transpose = _TOP_KEYS[_LANGUAGE_MODEL.sub("model.", key, count=1)]
                     if name == "lm_head" and config.tie_word_embeddings:
                         continue  # tied: the head is the embedding
                     top[name] = _checked(f.get_tensor(key), key, shapes[name], transpose)
                 else:
                     unexpected.append(key)
-    missing = [f"model.layers.{i}.{_hf_layer_name(n)}" for n, ws in per_layer.items()
+    missing = [f"model.layers.{i}.{_hf_layer_name(layer_keys, n)}" for n, ws in per_layer.items()
                for i, w in enumerate(ws) if w is None]
     missing += [_hf_top_name(n) for n in shapes if n != "layers" and n not in top]
     if missing or unexpected:
@@ -121,8 +133,8 @@ def _checked(t, key, want, transpose):
     return t
 
 
-def _hf_layer_name(name):
-    return next(k for k, (n, _) in _LAYER_KEYS.items() if n == name)
+def _hf_layer_name(layer_keys, name):
+    return next(k for k, (n, _) in layer_keys.items() if n == name)
 
 
 def _hf_top_name(name):
@@ -140,7 +152,7 @@ def save_hf(model: Model, path: str | os.PathLike) -> None:
     for name, (key, transpose) in ((n, (k, t)) for k, (n, t) in _TOP_KEYS.items()):
         if name in params:
             tensors[key] = params[name].T if transpose else params[name]
-    for hf_name, (name, transpose) in _LAYER_KEYS.items():
+    for hf_name, (name, transpose) in _layer_keys(config).items():
         if name in params["layers"]:
             for i in range(config.num_layers):
                 w = params["layers"][name][i]

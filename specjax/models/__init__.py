@@ -1,4 +1,4 @@
-"""Models: the Llama family as a pure forward over a params pytree."""
+"""Models: the Llama and Gemma families as a pure forward over a params pytree."""
 
 from __future__ import annotations
 

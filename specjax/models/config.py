@@ -1,4 +1,5 @@
-"""ModelConfig: the static description of a Llama-family model, read from an HF `config.json`."""
+"""ModelConfig: the static description of a Llama- or Gemma-family model, read from an HF
+`config.json`."""
 
 from __future__ import annotations
 
@@ -9,18 +10,30 @@ from typing import Any
 
 import jax.numpy as jnp
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+GEMMA = ("gemma", "gemma2", "gemma3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style frequency correction (`rope_type: llama3`)."""
+    """RoPE frequency scaling: `llama3` (Llama 3.x's band-wise correction) or `linear`
+    (frequencies divided by `factor`; Gemma 3's global layers), which uses `factor` alone."""
 
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    rope_type: str = "llama3"
+
+    def __post_init__(self):
+        if self.rope_type not in ("llama3", "linear"):
+            raise ValueError(f"unsupported rope type {self.rope_type!r}; supported: default, llama3, linear")
+
+    def to_hf(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +55,18 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projection biases (Qwen2)
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE (Qwen3)
-    sliding_window: int | None = None  # Mistral: a query sees the last `sliding_window` positions
+    sliding_window: int | None = None  # a query sees the last `sliding_window` positions
+    # which layers the window applies to ("sliding_attention") and which see everything
+    # ("full_attention"; Gemma 2/3); None: every layer is windowed when sliding_window is set
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers, unscaled (Gemma 3)
+    hidden_act: str = "silu"  # the gate activation of the MLP (Gemma: gelu_pytorch_tanh)
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w) (Gemma: 1)
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden_size), in dtype (Gemma)
+    sandwich_norms: bool = False  # norms after attention and MLP too (Gemma 2/3)
+    query_pre_attn_scalar: int | None = None  # the attention scale is its -1/2 power, else head_dim's
+    attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcapping: float | None = None  # the same on the output logits (Gemma 2)
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_id: int | None = None
@@ -59,6 +83,22 @@ class ModelConfig:
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {', '.join(_DTYPES)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))  # hashable when read from JSON
+            if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES):
+                raise ValueError(f"layer_types must name {self.num_layers} layers, each one of "
+                                 f"{', '.join(LAYER_TYPES)}; got {list(self.layer_types)}")
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer: whether the sliding window applies to it."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        if self.layer_types is None:
+            return (True,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
 
     @property
     def jnp_dtype(self):
@@ -71,7 +111,7 @@ class ModelConfig:
         attn = e * d * (2 * self.num_heads + 2 * self.num_kv_heads)
         if self.attention_bias:
             attn += d * (self.num_heads + 2 * self.num_kv_heads)
-        layer = attn + 3 * e * f + 2 * e + (2 * d if self.qk_norm else 0)
+        layer = attn + 3 * e * f + (4 if self.sandwich_norms else 2) * e + (2 * d if self.qk_norm else 0)
         head = 0 if self.tie_word_embeddings else e * self.vocab_size
         return self.num_layers * layer + self.vocab_size * e + e + head
 
@@ -79,7 +119,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], dtype: str | None = None) -> "ModelConfig":
-        """Build from an HF config dict (old `rope_theta`/`rope_scaling` or new `rope_parameters`)."""
+        """Build from an HF config dict (old `rope_theta`/`rope_scaling` or new `rope_parameters`;
+        for Gemma 3 also `gemma3_text` and the `text_config` of Gemma3ForConditionalGeneration)."""
+        hf = _text_config(hf)
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             archs = hf.get("architectures")
@@ -92,9 +134,8 @@ class ModelConfig:
         missing = [k for k in required if k not in hf]
         if missing:
             raise ValueError(f"config.json lacks required fields: {', '.join(missing)}")
-        rope = dict(hf.get("rope_parameters") or {})
-        if hf.get("rope_scaling"):
-            rope.update(hf["rope_scaling"])
+        gemma = model_type in GEMMA
+        rope, local_theta = _rope_parameters(hf, model_type)
         rope_theta = float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         scaling = None
@@ -105,8 +146,10 @@ class ModelConfig:
                 high_freq_factor=float(rope["high_freq_factor"]),
                 original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
             )
+        elif rope_type == "linear":
+            scaling = RopeScaling(float(rope["factor"]), rope_type="linear")
         elif rope_type not in ("default", None):
-            raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, llama3")
+            raise ValueError(f"unsupported rope type {rope_type!r}; supported: default, llama3, linear")
         num_heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
         sliding = hf.get("sliding_window")
@@ -114,9 +157,16 @@ class ModelConfig:
             sliding = None  # Qwen2 configs carry a window that is off unless use_sliding_window
         if model_type == "qwen3" and not hf.get("use_sliding_window", False):
             sliding = None
+        if model_type == "gemma":
+            sliding = None
         if hf.get("mlp_bias") or (model_type != "qwen2" and hf.get("attention_bias")):
             raise ValueError(f"{model_type} with mlp_bias or attention_bias (output-projection "
                              f"biases) is not supported")
+        if hf.get("use_bidirectional_attention"):
+            raise ValueError(f"{model_type} with use_bidirectional_attention is not a causal LM")
+        act = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+        if gemma and act == "gelu":
+            act = "gelu_pytorch_tanh"  # Gemma's legacy name for the tanh approximation (as HF reads it)
         eos = hf.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
@@ -136,10 +186,20 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
             attention_bias=model_type == "qwen2",
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "gemma3"),
             sliding_window=sliding,
+            layer_types=_layer_types(hf, model_type) if sliding is not None else None,
+            rope_local_theta=local_theta,
+            hidden_act=act,
+            norm_offset=1.0 if gemma else 0.0,
+            scale_embeddings=gemma,
+            sandwich_norms=model_type in ("gemma2", "gemma3"),
+            query_pre_attn_scalar=(int(hf.get("query_pre_attn_scalar", 256))
+                                   if model_type in ("gemma2", "gemma3") else None),
+            attn_logit_softcapping=hf.get("attn_logit_softcapping"),
+            final_logit_softcapping=hf.get("final_logit_softcapping"),
             dtype=dtype,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
@@ -148,10 +208,11 @@ class ModelConfig:
     def to_hf(self) -> dict[str, Any]:
         """An HF config dict that transformers loads (old-style rope keys, read by every version)."""
         arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM",
+                "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[self.model_type]
         hf: dict[str, Any] = {
             "architectures": [arch],
-            "model_type": self.model_type,
+            "model_type": "gemma3_text" if self.model_type == "gemma3" else self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -163,15 +224,22 @@ class ModelConfig:
             "rope_theta": self.rope_theta,
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
+            "hidden_act": self.hidden_act,
             "torch_dtype": self.dtype,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
         }
-        if self.model_type in ("llama", "qwen3"):
+        if self.model_type in ("llama", "qwen3") or self.model_type in GEMMA:
             hf["attention_bias"] = False
+        if self.model_type in ("gemma2", "gemma3"):
+            hf.update(hidden_activation=self.hidden_act, query_pre_attn_scalar=self.query_pre_attn_scalar,
+                      attn_logit_softcapping=self.attn_logit_softcapping,
+                      final_logit_softcapping=self.final_logit_softcapping,
+                      layer_types=list(self.layer_types or ["full_attention"] * self.num_layers))
+        if self.rope_local_theta is not None:
+            hf["rope_local_base_freq"] = self.rope_local_theta
         if self.rope_scaling is not None:
-            hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+            hf["rope_scaling"] = self.rope_scaling.to_hf()
         if self.sliding_window is not None:
             hf["sliding_window"] = self.sliding_window
             if self.model_type in ("qwen2", "qwen3"):
@@ -188,3 +256,51 @@ class ModelConfig:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: not valid JSON ({e})") from None
         return cls.from_hf(hf, dtype=dtype)
+
+
+_GEMMA3_DEFAULTS = dict(vocab_size=262_208, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                        max_position_embeddings=131_072, sliding_window=4096, query_pre_attn_scalar=256)
+
+
+def _text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config: Gemma 3's `text_config` (fields it omits take
+    Gemma3TextConfig's defaults, as in the configs on the Hub), `gemma3_text` as `gemma3`."""
+    if hf.get("model_type") == "gemma3" and "text_config" in hf:
+        outer = {k: hf[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings", "bos_token_id",
+                                    "eos_token_id") if k in hf}
+        return {**_GEMMA3_DEFAULTS, **outer, **hf["text_config"], "model_type": "gemma3"}
+    if hf.get("model_type") == "gemma3_text":
+        return {**_GEMMA3_DEFAULTS, **hf, "model_type": "gemma3"}
+    return hf
+
+
+def _rope_parameters(hf: dict[str, Any], model_type: str) -> tuple[dict[str, Any], float | None]:
+    """(the rope parameters of the global layers, the local layers' rope base or None).
+    Gemma 3 keeps one set per layer type; its local layers are never scaled."""
+    params = dict(hf.get("rope_parameters") or {})
+    if model_type != "gemma3":
+        return {**params, **(hf.get("rope_scaling") or {})}, None
+    full = {"rope_theta": hf.get("rope_theta", 1_000_000.0), **(params.get("full_attention") or {}),
+            **(hf.get("rope_scaling") or {})}
+    local = {"rope_theta": hf.get("rope_local_base_freq", 10_000.0), **(params.get("sliding_attention") or {})}
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"unsupported rope type {local['rope_type']!r} for Gemma 3's sliding layers")
+    return full, float(local["rope_theta"])
+
+
+def _layer_types(hf: dict[str, Any], model_type: str) -> tuple[str, ...] | None:
+    """Which layers are windowed: `layer_types`, else Gemma 2/3's pattern; None for every layer."""
+    if hf.get("layer_types"):
+        return tuple(hf["layer_types"])
+    if model_type not in ("gemma2", "gemma3"):
+        return None
+    return gemma_layer_types(model_type, hf["num_hidden_layers"], hf.get("sliding_window_pattern"))
+
+
+def gemma_layer_types(model_type: str, num_layers: int, pattern=None) -> tuple[str, ...]:
+    """Gemma 2/3's local/global layers: `pattern` as a period (every n-th layer global; Gemma 2
+    alternates, period 2, Gemma 3's default is 6) or as one bool per layer (True: sliding)."""
+    if pattern is None or isinstance(pattern, int):
+        period = pattern or {"gemma2": 2, "gemma3": 6}[model_type]
+        pattern = [bool((i + 1) % period) for i in range(num_layers)]
+    return tuple("sliding_attention" if p else "full_attention" for p in pattern)

@@ -1,4 +1,7 @@
-"""The pure forward of the Llama family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3).
+"""The pure forward of the Llama family (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3) and of the
+Gemma family (Gemma 1/2/3 text), whose differences are ModelConfig fields: GeGLU, (1 + w) norms,
+scaled embeddings, norms after attention and MLP, soft-capping, and per-layer sliding windows and
+RoPE bases (which ride in the layer scan as arrays).
 
 One function, `forward`, serves every use:
 - a plain causal forward (no cache);
@@ -61,6 +64,8 @@ def param_shapes(config: ModelConfig) -> dict:
         layers.update(bq=(L, q), bk=(L, kv), bv=(L, kv))
     if c.qk_norm:
         layers.update(q_norm=(L, c.head_dim), k_norm=(L, c.head_dim))
+    if c.sandwich_norms:
+        layers.update(post_attn_norm=(L, e), post_mlp_norm=(L, e))
     shapes = {"embed": (c.vocab_size, e), "layers": layers, "norm": (e,)}
     if not c.tie_word_embeddings:
         shapes["lm_head"] = (e, c.vocab_size)
@@ -68,22 +73,23 @@ def param_shapes(config: ModelConfig) -> dict:
 
 
 def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> dict:
-    """Random init (normal(0, std) matrices, unit norms, zero biases), GPT-2 style scaled
-    residual outputs."""
-    return random_params(param_shapes(config), key, config.num_layers, std, config.jnp_dtype)
+    """Random init (normal(0, std) matrices, norms that scale by one, zero biases), GPT-2 style
+    scaled residual outputs."""
+    return random_params(param_shapes(config), key, config.num_layers, std, config.jnp_dtype,
+                         norm=1.0 - config.norm_offset)
 
 
 def random_params(shapes: dict, key: jax.Array, num_layers: int, std: float = 0.02,
-                  dtype=jnp.float32) -> dict:
-    """Params for a nested dict of shapes, by leaf name: `*norm` ones, biases (`b*`, `*_b`)
-    zeros, other matrices normal(0, std), with `wo`/`w_down` scaled by 1/sqrt(2 num_layers)."""
+                  dtype=jnp.float32, norm: float = 1.0) -> dict:
+    """Params for a nested dict of shapes, by leaf name: `*norm` all `norm`, biases (`b*`,
+    `*_b`) zeros, other matrices normal(0, std), with `wo`/`w_down` scaled by 1/sqrt(2 num_layers)."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(key, len(flat))
     leaves = []
     for (path, shape), k in zip(flat, keys):
         name = path[-1].key
         if name.endswith("norm"):
-            leaves.append(jnp.ones(shape, dtype))
+            leaves.append(jnp.full(shape, norm, dtype))
         elif name in ("bq", "bk", "bv") or name.endswith("_b"):
             leaves.append(jnp.zeros(shape, dtype))
         else:
@@ -94,10 +100,20 @@ def random_params(shapes: dict, key: jax.Array, num_layers: int, std: float = 0.
 
 # ---- building blocks ----------------------------------------------------------------------------
 
-def rms_norm(x, w, eps):
+def rms_norm(x, w, eps, offset=0.0):
+    """RMSNorm in float32, scaled by (offset + w) (Gemma: offset 1), in x's dtype."""
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (w.astype(jnp.float32) * x32).astype(x.dtype)
+    return ((offset + w.astype(jnp.float32)) * x32).astype(x.dtype)
+
+
+def _norm(config: ModelConfig, x, w):
+    return rms_norm(x, w, config.rms_norm_eps, config.norm_offset)
+
+
+def soft_cap(x, cap):
+    """cap * tanh(x / cap) (Gemma 2's soft-capping); x itself when cap is None."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def dense(x, w, out_dtype=None):
@@ -110,13 +126,18 @@ def dense(x, w, out_dtype=None):
     return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> jax.Array:
-    """Inverse frequencies [hd/2], with the llama3 correction when configured."""
+def rope_inv_freq(config: ModelConfig, local: bool = False) -> jax.Array:
+    """Inverse frequencies [hd/2], with the configured scaling; `local`: those of the sliding
+    layers when they have their own base (Gemma 3), unscaled."""
     hd = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    local = local and config.rope_local_theta is not None
+    theta = config.rope_local_theta if local else config.rope_theta
+    inv = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
     s = config.rope_scaling
-    if s is None:
+    if s is None or local:
         return inv
+    if s.rope_type == "linear":
+        return inv / s.factor
     low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv
@@ -136,8 +157,21 @@ def apply_rope(x, positions, inv_freq):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq):
-    """Self-attention of one layer; returns (output, k_new, v_new)."""
+def layer_rope_and_windows(config: ModelConfig):
+    """Per-layer RoPE inverse frequencies [L, hd/2] and sliding windows int32[L] (None when no
+    layer is windowed; an unwindowed layer's window is larger than any position)."""
+    sliding = config.sliding_layers
+    inv = jnp.stack([rope_inv_freq(config, local) for local in sliding])
+    if not any(sliding):
+        return inv, None
+    return inv, jnp.array([config.sliding_window if w else jnp.iinfo(jnp.int32).max for w in sliding],
+                          jnp.int32)
+
+
+def _attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
+                     window=None):
+    """Self-attention of one layer; returns (output, k_new, v_new). `window` (scalar, may be
+    traced) limits the cache slots seen; the tree mask must already hold it."""
     c = config
     b, t, _ = x.shape
     q = dense(x, lp["wq"])
@@ -149,17 +183,22 @@ def _attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, leng
     k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
     v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
-        q = rms_norm(q, lp["q_norm"], c.rms_norm_eps)
-        k = rms_norm(k, lp["k_norm"], c.rms_norm_eps)
+        q = _norm(c, q, lp["q_norm"])
+        k = _norm(c, k, lp["k_norm"])
     q = apply_rope(q, positions, inv_freq)
     k = apply_rope(k, positions, inv_freq)
-    out = tree_attention(q, k_cache, v_cache, lengths, k, v, tree_mask,
-                         q_positions=positions, window=c.sliding_window)
+    scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
+    out = tree_attention(q, k_cache, v_cache, lengths, k, v, tree_mask, q_positions=positions,
+                         window=window, scale=scale, softcap=c.attn_logit_softcapping)
     return dense(out.reshape(b, t, -1), lp["wo"]), k, v
 
 
-def _mlp_block(lp, x):
-    return dense(jax.nn.silu(dense(x, lp["w_gate"])) * dense(x, lp["w_up"]), lp["w_down"])
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def _mlp_block(lp, x, hidden_act="silu"):
+    gate = _ACTIVATIONS[hidden_act](dense(x, lp["w_gate"]))
+    return dense(gate * dense(x, lp["w_up"]), lp["w_down"])
 
 
 # ---- the forward --------------------------------------------------------------------------------
@@ -190,15 +229,17 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     if tree_mask is None:
         tree_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
     x = params["embed"][tokens].astype(c.jnp_dtype)
+    if c.scale_embeddings:
+        x = x * jnp.asarray(c.hidden_size ** 0.5, x.dtype)
     if inject is not None:
         m = inject.positions.shape[1]
         positions = jnp.concatenate([positions, inject.positions.astype(positions.dtype)], axis=1)
         tree_mask = jnp.concatenate([jnp.pad(tree_mask, ((0, 0), (0, 0), (0, m))), inject.mask], axis=1)
         extra = inject.make(x) if inject.layer == 0 else jnp.zeros((b, m, x.shape[-1]))
         x = jnp.concatenate([x, extra.astype(x.dtype)], axis=1)
-    if c.sliding_window is not None:  # the window applies inside the new block as well
-        tree_mask = tree_mask & (positions[:, :, None] - positions[:, None, :] < c.sliding_window)
-    inv_freq = rope_inv_freq(c)
+    inv_freqs, windows = layer_rope_and_windows(c)
+    if windows is not None:  # a window applies inside the new block as well
+        distance = positions[:, :, None] - positions[:, None, :]
 
     if cache is None:
         empty = jnp.zeros((c.num_layers, b, 0, c.num_kv_heads, c.head_dim), c.jnp_dtype)
@@ -207,20 +248,26 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         k_cache, v_cache, lengths = cache
 
     def layer(x, xs):
-        lp, k_layer, v_layer, index = xs
+        lp, k_layer, v_layer, index, inv_freq, window = xs
         if inject is not None and inject.layer > 0:
             x = jax.lax.cond(index == inject.layer,
                              lambda x: x.at[:, t:].set(inject.make(x[:, :t]).astype(x.dtype)), lambda x: x, x)
-        h, k_new, v_new = _attention_block(c, lp, rms_norm(x, lp["attn_norm"], c.rms_norm_eps),
-                                           positions, tree_mask, k_layer, v_layer, lengths, inv_freq)
+        mask = tree_mask if window is None else tree_mask & (distance < window)
+        h, k_new, v_new = _attention_block(c, lp, _norm(c, x, lp["attn_norm"]), positions, mask,
+                                           k_layer, v_layer, lengths, inv_freq, window)
+        if c.sandwich_norms:
+            h = _norm(c, h, lp["post_attn_norm"])
         x = x + h
-        x = x + _mlp_block(lp, rms_norm(x, lp["mlp_norm"], c.rms_norm_eps))
+        h = _mlp_block(lp, _norm(c, x, lp["mlp_norm"]), c.hidden_act)
+        if c.sandwich_norms:
+            h = _norm(c, h, lp["post_mlp_norm"])
+        x = x + h
         return x, (k_new, v_new, x if return_layers else None)
 
     x, (k_new, v_new, per_layer) = jax.lax.scan(
-        layer, x, (params["layers"], k_cache, v_cache, jnp.arange(c.num_layers)))
+        layer, x, (params["layers"], k_cache, v_cache, jnp.arange(c.num_layers), inv_freqs, windows))
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
-    hidden = rms_norm(x, params["norm"], c.rms_norm_eps)
+    hidden = _norm(c, x, params["norm"])
     logits = lm_head(config, params, hidden) if compute_logits else None
     # one scatter of every layer's new entries (not the injected ones) at slots [lengths, lengths + T)
     k_new, v_new = k_new[:, :, :t], v_new[:, :, :t]
@@ -235,8 +282,8 @@ def lm_head_weight(config: ModelConfig, params: dict):
 
 
 def lm_head(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
-    """Final-normed hidden [..., E] -> float32 logits [..., V]."""
+    """Final-normed hidden [..., E] -> float32 logits [..., V] (soft-capped when configured)."""
     w = lm_head_weight(config, params)
     if not isinstance(w, QuantizedWeight):
         w = w.astype(hidden.dtype)
-    return dense(hidden, w, out_dtype=jnp.float32)
+    return soft_cap(dense(hidden, w, out_dtype=jnp.float32), config.final_logit_softcapping)
