@@ -12,6 +12,7 @@ import specjax as sj
 from specjax.drafters import DraftModel, PromptLookup, TokenRecycling
 from specjax.models import KVCache, forward, init_params
 from specjax.sampling import SamplingParams
+from tests.gguf_files import add_tensor, finish, writer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -197,17 +198,7 @@ def write_gemma_gguf(hf, family, path, qtype):
     added, Q/K unpermuted, no output.weight (tied), 1-D tensors in F32, 2-D ones in `qtype`."""
     gguf = pytest.importorskip("gguf")
     c = hf.config
-    w = gguf.GGUFWriter(str(path), family)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
+    w = writer(path, family, c, c.head_dim)
     w.add_bos_token_id(c.bos_token_id)
     w.add_eos_token_id(c.eos_token_id)
     if family != "gemma":
@@ -235,15 +226,8 @@ def write_gemma_gguf(hf, family, path, qtype):
         if name is None:
             i, rest = key.removeprefix("model.layers.").split(".", 1)
             name = f"blk.{i}.{names[rest.removesuffix('.weight')]}.weight"
-        if a.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, a.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        add_tensor(w, name, a, qtype)
+    return finish(w, path)
 
 
 def gguf_source(family, folder):

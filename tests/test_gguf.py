@@ -13,6 +13,7 @@ import pytest
 import specjax as sj
 from pallas_kernels import QuantizedWeight
 from tests.conftest import BASE, FAMILIES
+from tests.gguf_files import add_tensor, finish, writer
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -59,22 +60,11 @@ def write_gguf(model, path, qtype=Q.F32, pre="gpt-2"):
     1-D tensors in F32, 2-D ones in `qtype`, rope_freqs for llama3 scaling, a gpt2 tokenizer."""
     c = model.config
     arch = ARCH[type(c).__name__]
-    w = gguf.GGUFWriter(str(path), arch)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
+    w = writer(path, arch, c, head_dim)
     w.add_rope_dimension_count(head_dim)
-    if head_dim != c.hidden_size // c.num_attention_heads:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
     rope = c.rope_parameters
     w.add_rope_freq_base(rope["rope_theta"])
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
     tokens = tiny_vocab()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -90,10 +80,7 @@ def write_gguf(model, path, qtype=Q.F32, pre="gpt-2"):
         a = t.detach().float().numpy()
         if permute_heads and arch == "llama":
             a = permute(a, permute_heads)
-        if a.ndim == 2 and qtype not in (Q.F32, Q.F16):
-            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, a.astype(np.float16 if a.ndim == 2 and qtype == Q.F16 else np.float32))
+        add_tensor(w, name, a, qtype)
 
     sd = model.state_dict()
     if rope.get("rope_type") == "llama3":
@@ -120,11 +107,7 @@ def write_gguf(model, path, qtype=Q.F32, pre="gpt-2"):
                 heads = {"attn_q.weight": c.num_attention_heads,
                          "attn_k.weight": c.num_key_value_heads}.get(g)
                 add(f"blk.{i}.{g}", sd[key], heads)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
 
 
 def hf_from_gguf(path):
