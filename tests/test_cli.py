@@ -120,3 +120,20 @@ def test_truncated_weights_are_one_line(tmp_path, capsys):
     weights.write_bytes(weights.read_bytes()[:5000])
     _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--model", str(tmp_path / "m")])
     assert f"{weights}: not a readable safetensors file" in err
+
+
+def test_default_drafter_when_sampling_is_plain_decoding():
+    """Prompt lookup at temperature 0.8 ran 2.5x slower than AR on the shipped model: the default
+    when sampling is AR, and the status line says it was chosen as the default."""
+    r = run("generate", "--prompt", "def parse_args(argv):", "--max-new-tokens", "8", "--temperature", "0.8",
+            "--top-p", "0.9")
+    assert r.returncode == 0, r.stderr
+    assert "method ar (default at temperature 0.8), verifier none (sampling)" in r.stderr
+    assert "compile" in r.stderr
+
+
+def test_chat_flags_need_a_chat_template(capsys):
+    _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--chat"])
+    assert "--chat: the model tiny has no chat template" in err
+    _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--system", "Be brief."])
+    assert "--system needs --chat" in err
