@@ -2,7 +2,9 @@
 
 The trees are sized for the CPU, where a verify step over N tree tokens costs about as much as
 N / 4 single-token steps once N passes ~8 (the target's matmuls turn compute-bound): every
-named tree has 4-8 nodes. On a GPU larger trees pay; build the drafter yourself there (e.g.
+named tree has 4-8 nodes. Prompt lookup drafts only on a match of 2 or more tokens: on
+SmolLM2's answers a 1-token match almost always exists and rarely holds, and its 7-node verify
+then costs more than it returns (benchmarks/prompt_lookup_policy.py). On a GPU larger trees pay; build the drafter yourself there (e.g.
 `TokenRecycling()` with the paper's 81-node template, `Lookahead()` with its defaults).
 """
 
@@ -36,7 +38,7 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "draft-gumbel": _draft("gumbel", branching=(2, 1, 1)),
     "draft-beam": _draft("beam", width=2, depth=3),
     "draft-topk": _draft("topk", template=(-1, 0, 0, 1, 1, 2, 3, 5)),
-    "prompt-lookup": lambda target: PromptLookup(max_ngram=3, num_tokens=6),
+    "prompt-lookup": lambda target: PromptLookup(max_ngram=3, num_tokens=6, min_ngram=2),
     "lookahead": lambda target: Lookahead(decoding_length=7, branch_length=4, max_nodes=2048),
     "recycling": lambda target: TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)),
     "medusa": lambda target: Medusa.load("tiny", tree_size=8),
