@@ -57,7 +57,7 @@ def test_clover_drafts_what_its_head_predicts(target):
     cfg, params, embed, head = drafter.config, drafter.params, target.params["embed"], target.params["lm_head"]
     prompt = jnp.asarray([RAGGED[0]])
     t = prompt.shape[1]
-    parents, rank = drafter._template
+    parents, rank = drafter.template.parents, drafter.template.rank
     child = int(np.flatnonzero((parents == 1) & (rank == 0))[0])
     assert (parents[1], rank[1]) == (0, 0)
 

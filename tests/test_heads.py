@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 
 import specjax as sj
 from specjax.drafters import Eagle, Medusa
-from specjax.drafters.heads import medusa_tree
+from specjax.drafters.sparse_tree import medusa_tree
 from specjax.heads import eagle as eh
 from specjax.heads import medusa as mh
 

@@ -12,23 +12,14 @@ per depth. Trees are deterministic (q = None): Greedy at temperature 0, TopK whe
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import Context, Drafter, template_depth
-from specjax.drafters.heads import (
-    HEAD_JSON,
-    HEAD_WEIGHTS,
-    SparseTree,
-    _flatten,
-    _read_tensors,
-    _resolve,
-    _save,
-    _unflatten,
-)
+from specjax.convert import heads as ckpt
+from specjax.drafters.base import Context, Drafter
+from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
 from specjax.heads import clover as clover_head
 from specjax.heads.clover import CloverConfig
 from specjax.models import Model, lm_head_weight
@@ -37,7 +28,7 @@ from specjax.tree import DraftTree
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Clover(SparseTree, Drafter):
+class Clover(Drafter):
     """A Clover head drafting a static sparse tree of `tree_size` nodes from `accuracy`
     ([depth][rank], measured on held-out text by the trainer; a geometric prior over
     `config.num_heads` depths when None)."""
@@ -49,9 +40,15 @@ class Clover(SparseTree, Drafter):
 
     name = "clover"
 
+    def __post_init__(self):
+        object.__setattr__(self, "accuracy", checked_accuracy(self.tree_size, self.accuracy))
+
     @property
-    def _prior_depth(self) -> int:
-        return self.config.num_heads
+    def template(self) -> SparseTree:
+        return sparse_tree(self.accuracy or geometric_prior(self.config.num_heads, 0.6), self.tree_size)
+
+    num_nodes = property(lambda self: self.tree_size)
+    max_depth = property(lambda self: self.template.max_depth)
 
     @property
     def target_layers(self) -> tuple[int, ...]:
@@ -66,7 +63,7 @@ class Clover(SparseTree, Drafter):
         if cfg.target_num_layers != c.num_layers:
             raise ValueError(f"Clover head reads the last layer of a {cfg.target_num_layers}-layer "
                              f"target, but the target has {c.num_layers} layers")
-        shapes = lambda tree: {k: tuple(int(i) for i in v) for k, v in _flatten(tree).items()}
+        shapes = lambda tree: {k: tuple(int(i) for i in v) for k, v in ckpt.flatten(tree).items()}
         want = shapes(clover_head.param_shapes(cfg))
         got = shapes(jax.tree.map(lambda x: x.shape, self.params))
         bad = [f"{k} {got.get(k, 'missing')} (expected {s})" for k, s in want.items() if got.get(k) != s]
@@ -125,9 +122,8 @@ class Clover(SparseTree, Drafter):
         h_root = jnp.take_along_axis(h, r[:, None, None], axis=1)  # [B, 1, E]: the entry reading the root
 
         # 2. the tree, depth by depth: children are ranked tokens of their parent's head.
-        parents, rank = self._template
-        depth = template_depth(parents)
-        ranks = min(int(rank.max()) + 1, cfg.vocab_size)
+        parents, rank, depth = self.template.parents, self.template.rank, self.template.depth
+        ranks = min(self.template.num_ranks, cfg.vocab_size)
         tokens = jnp.zeros((b, self.num_nodes), jnp.int32).at[:, 0].set(ctx.root)
         level, out, hstate = np.array([0]), clover_head.first_head(cfg, params, h_root), h_root
         for d in range(1, self.max_depth + 1):
@@ -146,24 +142,17 @@ class Clover(SparseTree, Drafter):
 
     def save(self, folder) -> None:
         """Write the specjax format: head.json + head.safetensors."""
-        _save(folder, "clover", self.params, {"config": self.config.to_dict(), "tree_size": self.tree_size,
-                                              "accuracy": self.accuracy})
+        meta = {"config": self.config.to_dict(), "tree_size": self.tree_size, "accuracy": self.accuracy}
+        ckpt.save_head(folder, "clover", self.params, meta)
 
     @classmethod
     def load(cls, path, *, target: Model | None = None, **settings) -> Clover:
         """A specjax head folder or 'tiny' (the head shipped for the tiny target). `settings`
         override the saved ones (tree_size, accuracy); with `target`, the head is checked
         against it."""
-        p = _resolve(path, "tiny-clover")
-        if not (p.is_dir() and (p / HEAD_JSON).is_file()):
-            raise FileNotFoundError(f"{p}: not a Clover head folder (no {HEAD_JSON})")
-        meta = json.loads((p / HEAD_JSON).read_text())
-        if meta.get("kind") != "clover":
-            raise ValueError(f"{p} holds a {meta.get('kind')!r} head, not Clover")
-        acc = meta.get("accuracy")
-        kw = {"tree_size": meta.get("tree_size", 16), "accuracy": tuple(map(tuple, acc)) if acc else None}
-        d = cls(_unflatten(_read_tensors(p / HEAD_WEIGHTS, False)), CloverConfig.from_dict(meta["config"]),
-                **{**kw, **settings})
+        params, meta = ckpt.read_head(ckpt.resolve_head(path, "tiny-clover"), "clover", "Clover")
+        kw = {"tree_size": meta.get("tree_size", 16), "accuracy": ckpt.accuracy_table(meta)}
+        d = cls(params, CloverConfig.from_dict(meta["config"]), **{**kw, **settings})
         if target is not None:
             d.check(target)
         return d
