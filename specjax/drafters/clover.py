@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import heads as ckpt
+from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
 from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
 from specjax.heads import clover as clover_head
@@ -80,26 +81,24 @@ class Clover(Drafter):
     def init_from_prefill(self, target, prompts, lengths, cache_len, prefill):
         cfg, b = self.config, prompts.shape[0]
         p = target.params
-        state = {"cache": clover_head.init_cache(cfg, b, cache_len),
-                 "feats": jnp.zeros((b, self.max_depth + 1, cfg.hidden_size), jnp.float32),
-                 "embed": p["embed"], "head": lm_head_weight(target.config, p)}
-        if prefill is None:
-            return state
-        f = prefill.layer_hidden[0].astype(jnp.float32)  # [B, T-1, E], positions 0..T-2
-        t, cache = f.shape[1], state["cache"]
-        if t > 1:  # commit entries 0..length-3: (l_j, x_{j+1})
-            pos = jnp.broadcast_to(jnp.arange(t - 1, dtype=jnp.int32), (b, t - 1))
-            mask = jnp.broadcast_to(jnp.tril(jnp.ones((t - 1, t - 1), bool)), (b, t - 1, t - 1))
-            _, k, v = clover_head.block(cfg, self.params, f[:, :-1], self._embed(state, prompts[:, 1:t]), pos,
-                                        mask, cache)
-            cache = cache.write(k, v)
-        last = jnp.take_along_axis(f, jnp.maximum(lengths - 2, 0)[:, None, None], axis=1)[:, 0]
-        return {**state, "cache": cache._replace(lengths=jnp.maximum(lengths - 2, 0)),
-                "feats": state["feats"].at[:, 0].set(jnp.where((lengths >= 2)[:, None], last, 0.0))}
+        state = {"embed": p["embed"], "head": lm_head_weight(target.config, p)}
+        f = None if prefill is None else prefill.layer_hidden[0].astype(jnp.float32)  # [B, T-1, E]
+        cache = clover_head.init_cache(cfg, b, cache_len)
+        pending = (b, self.max_depth + 1, cfg.hidden_size)
+        cache, feats = feature_cache.prefill(self._run(state), cache, pending, f, prompts, lengths)
+        return {"cache": cache, "feats": feats, **state}
+
+    def _run(self, state) -> feature_cache.Run:
+        """The Augmenting Block on new cache entries (see `feature_cache`)."""
+        def run(feats, tokens, pos, mask, cache):
+            emb = self._embed(state, tokens)
+            h, k, v = clover_head.block(self.config, self.params, feats, emb, pos, mask, cache)
+            return h, cache.write(k, v)
+        return run
 
     def update(self, state, ctx, tree, verdict, target_out):
-        rows = jnp.arange(verdict.path.shape[0])[:, None]
-        return {**state, "feats": target_out.layer_hidden[0][rows, verdict.path].astype(jnp.float32)}
+        feats = feature_cache.on_path(target_out.layer_hidden[0], verdict.path)  # [B, D+1, E]
+        return {**state, "feats": feats.astype(jnp.float32)}
 
     @staticmethod
     def _embed(state, tokens):
@@ -109,17 +108,11 @@ class Clover(Drafter):
 
     def propose(self, state, ctx: Context, key):
         cfg, params, cache = self.config, self.params, state["cache"]
-        b, width = ctx.tokens.shape[0], self.max_depth + 1
+        b = ctx.tokens.shape[0]
 
         # 1. catch up: entries [dc, length - 1) read the hidden states of the accepted path.
-        dc = cache.lengths
-        pos = dc[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-        tok = jnp.take_along_axis(ctx.tokens, jnp.minimum(pos + 1, ctx.tokens.shape[1] - 1), axis=1)
-        causal = jnp.broadcast_to(jnp.tril(jnp.ones((width, width), bool)), (b, width, width))
-        h, k, v = clover_head.block(cfg, params, state["feats"], self._embed(state, tok), pos, causal, cache)
-        cache = cache.write(k, v)._replace(lengths=jnp.maximum(ctx.length - 1, 0))
-        r = jnp.clip(ctx.length - 2 - dc, 0, width - 1)
-        h_root = jnp.take_along_axis(h, r[:, None, None], axis=1)  # [B, 1, E]: the entry reading the root
+        run = self._run(state)
+        cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
 
         # 2. the tree, depth by depth: children are ranked tokens of their parent's head.
         parents, rank, depth = self.template.parents, self.template.rank, self.template.depth

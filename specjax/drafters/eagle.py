@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import heads as ckpt
+from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
 from specjax.heads import eagle as eagle_head
 from specjax.heads.eagle import EagleConfig
@@ -96,27 +97,24 @@ class Eagle(Drafter):
     def init_from_prefill(self, target, prompts, lengths, cache_len, prefill):
         cfg, b = self.config, prompts.shape[0]
         weights = self._target_weights(target)
+        f = None if prefill is None else self._feature(prefill.hidden, prefill.layer_hidden)  # [B, T-1, E]
         cache = eagle_head.init_cache(cfg, b, cache_len)
-        feats = jnp.zeros((b, self.depth + 1, cfg.hidden_size), jnp.float32)
-        if prefill is None:
-            return {"cache": cache, "feats": feats, **weights}
-        f = self._feature(prefill.hidden, prefill.layer_hidden)  # [B, T-1, E], positions 0..T-2
-        t = f.shape[1]
-        if t > 1:  # commit entries 0..length-3: (f_j, x_{j+1})
-            emb = eagle_head.embed(self.params, weights["embed"], prompts[:, 1:t])
-            pos = jnp.broadcast_to(jnp.arange(t - 1, dtype=jnp.int32), (b, t - 1))
-            mask = jnp.broadcast_to(jnp.tril(jnp.ones((t - 1, t - 1), bool)), (b, t - 1, t - 1))
-            _, k, v = eagle_head.step(cfg, self.params, emb, f[:, :-1], pos, cache, mask)
-            cache = eagle_head.write(cache, k, v)
-        cache = cache._replace(lengths=jnp.maximum(lengths - 2, 0))
-        last = jnp.take_along_axis(f, jnp.maximum(lengths - 2, 0)[:, None, None], axis=1)[:, 0]
-        feats = feats.at[:, 0].set(jnp.where((lengths >= 2)[:, None], last, 0.0))
+        pending = (b, self.depth + 1, cfg.hidden_size)
+        cache, feats = feature_cache.prefill(self._run(weights["embed"]), cache, pending, f, prompts, lengths)
         return {"cache": cache, "feats": feats, **weights}
 
+    def _run(self, embed_w) -> feature_cache.Run:
+        """The draft layer on new cache entries (see `feature_cache`)."""
+        def run(feats, tokens, pos, mask, cache):
+            emb = eagle_head.embed(self.params, embed_w, tokens)
+            h, k, v = eagle_head.step(self.config, self.params, emb, feats, pos, cache, mask)
+            return h, eagle_head.write(cache, k, v)
+        return run
+
     def update(self, state, ctx, tree, verdict, target_out):
-        rows = jnp.arange(verdict.path.shape[0])[:, None]
-        hidden = target_out.hidden[rows, verdict.path]  # [B, D+1, E]
-        layers = None if target_out.layer_hidden is None else target_out.layer_hidden[:, rows, verdict.path]
+        hidden = feature_cache.on_path(target_out.hidden, verdict.path)  # [B, D+1, E]
+        lh = target_out.layer_hidden
+        layers = None if lh is None else jax.vmap(feature_cache.on_path, (0, None))(lh, verdict.path)
         return {**state, "feats": self._feature(hidden, layers)}
 
     # ---- propose -------------------------------------------------------------------------------
@@ -125,20 +123,14 @@ class Eagle(Drafter):
         cfg, params = self.config, self.params
         cache, embed_w = state["cache"], state["embed"]
         head_w = state.get("head")
-        b, width = ctx.tokens.shape[0], self.depth + 1
+        b = ctx.tokens.shape[0]
         k, depth, n = self.top_k, self.depth, self.total_tokens
         emb = lambda tok: eagle_head.embed(params, embed_w, tok)
         draft_logp = lambda h: jnp.maximum(jax.nn.log_softmax(eagle_head.logits(cfg, params, h, head_w), -1), -1e4)
 
         # 1. catch up: entries [dc, length - 1) read the features of the accepted path.
-        dc = cache.lengths
-        pos = dc[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-        tok = jnp.take_along_axis(ctx.tokens, jnp.minimum(pos + 1, ctx.tokens.shape[1] - 1), axis=1)
-        causal = jnp.broadcast_to(jnp.tril(jnp.ones((width, width), bool)), (b, width, width))
-        h, kk, vv = eagle_head.step(cfg, params, emb(tok), state["feats"], pos, cache, causal)
-        cache = eagle_head.write(cache, kk, vv)._replace(lengths=jnp.maximum(ctx.length - 1, 0))
-        r = jnp.clip(ctx.length - 2 - dc, 0, width - 1)
-        h_root = jnp.take_along_axis(h, r[:, None, None], axis=1)  # [B, 1, E]
+        run = self._run(embed_w)
+        cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
 
         # 2. expand: the top_k beams, top_k children each, for `depth` levels.
         lp, tk = jax.lax.top_k(draft_logp(h_root)[:, 0], k)  # [B, k]
@@ -162,7 +154,7 @@ class Eagle(Drafter):
             ent_feat = ent_feat.at[:, new].set(beam_feat)
             e = s * k
             ent_depth = jnp.asarray(np.repeat(np.arange(1, s + 1), k), jnp.int32)
-            pos = (ctx.length - 2)[:, None] + ent_depth[None, :]
+            pos = feature_cache.root_entry(ctx.length)[:, None] + ent_depth[None, :]
             out, _, _ = eagle_head.step(cfg, params, emb(ent_tok[:, :e]), ent_feat[:, :e], pos, cache,
                                         ent_anc[:, :e, :e])
             out = out[:, (s - 1) * k: e]  # [B, k, E]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import heads as ckpt
+from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
 from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
 from specjax.heads import medusa as medusa_head
@@ -62,8 +63,7 @@ class Medusa(Drafter):
             p = target.params
             state["head"] = lm_head_weight(target.config, p)
         if prefill is not None:
-            h = jnp.take_along_axis(prefill.hidden, jnp.maximum(lengths - 2, 0)[:, None, None], axis=1)[:, 0]
-            state["hidden"] = jnp.where((lengths >= 2)[:, None], h.astype(jnp.float32), 0.0)
+            state["hidden"] = feature_cache.last_feature(prefill.hidden, lengths).astype(jnp.float32)
         return state
 
     def init(self, target, prompts, lengths, cache_len):
