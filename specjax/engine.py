@@ -136,14 +136,14 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
         num_out=jnp.zeros((b,), jnp.int32), budget=budget, done=budget <= 0, key=key,
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
-        drafter_state=drafter.init_from_prefill(model, prompts, lengths, cache_len, pre)))
+        drafter_state=drafter.init(model, prompts, lengths, cache_len, pre)))
 
 
 def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: DecodeSettings,
          verifier: verify.Verifier) -> DecodeState:
     """One target forward: propose a tree, verify it, commit the accepted path, emit its tokens."""
     key, draft_key, verify_key = jax.random.split(state.key, 3)
-    ctx = Context(state.history, state.length, settings.sampling)
+    ctx = Context(state.history, state.length, settings.sampling, model)
     tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
     positions = tree.positions(state.cache.lengths)
     active = ~state.done

@@ -75,23 +75,18 @@ class Clover(Drafter):
 
     # ---- state ---------------------------------------------------------------------------------
 
-    def init(self, target, prompts, lengths, cache_len):
-        return self.init_from_prefill(target, prompts, lengths, cache_len, None)
-
-    def init_from_prefill(self, target, prompts, lengths, cache_len, prefill):
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
         cfg, b = self.config, prompts.shape[0]
-        p = target.params
-        state = {"embed": p["embed"], "head": lm_head_weight(target.config, p)}
         f = None if prefill is None else prefill.layer_hidden[0].astype(jnp.float32)  # [B, T-1, E]
         cache = clover_head.init_cache(cfg, b, cache_len)
         pending = (b, self.max_depth + 1, cfg.hidden_size)
-        cache, feats = feature_cache.prefill(self._run(state), cache, pending, f, prompts, lengths)
-        return {"cache": cache, "feats": feats, **state}
+        cache, feats = feature_cache.prefill(self._run(target), cache, pending, f, prompts, lengths)
+        return {"cache": cache, "feats": feats}
 
-    def _run(self, state) -> feature_cache.Run:
+    def _run(self, target: Model) -> feature_cache.Run:
         """The Augmenting Block on new cache entries (see `feature_cache`)."""
         def run(feats, tokens, pos, mask, cache):
-            emb = self._embed(state, tokens)
+            emb = self._embed(target, tokens)
             h, k, v = clover_head.block(self.config, self.params, feats, emb, pos, mask, cache)
             return h, cache.write(k, v)
         return run
@@ -101,17 +96,17 @@ class Clover(Drafter):
         return {**state, "feats": feats.astype(jnp.float32)}
 
     @staticmethod
-    def _embed(state, tokens):
-        return state["embed"][tokens].astype(jnp.float32)
+    def _embed(target: Model, tokens):
+        return target.params["embed"][tokens].astype(jnp.float32)
 
     # ---- propose -------------------------------------------------------------------------------
 
     def propose(self, state, ctx: Context, key):
         cfg, params, cache = self.config, self.params, state["cache"]
-        b = ctx.tokens.shape[0]
+        b, head = ctx.tokens.shape[0], lm_head_weight(ctx.model.config, ctx.model.params)
 
         # 1. catch up: entries [dc, length - 1) read the hidden states of the accepted path.
-        run = self._run(state)
+        run = self._run(ctx.model)
         cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
 
         # 2. the tree, depth by depth: children are ranked tokens of their parent's head.
@@ -122,11 +117,11 @@ class Clover(Drafter):
         for d in range(1, self.max_depth + 1):
             nodes = np.flatnonzero(depth == d)
             local = np.searchsorted(level, parents[nodes])  # each node's parent within `level`
-            top = jax.lax.top_k(clover_head.logits(out, state["head"]), ranks)[1]  # [B, |level|, R]
+            top = jax.lax.top_k(clover_head.logits(out, head), ranks)[1]  # [B, |level|, R]
             drafted = top[:, local, np.minimum(rank[nodes], ranks - 1)].astype(jnp.int32)
             tokens = tokens.at[:, nodes].set(drafted)
             if d < self.max_depth:
-                out, hstate = clover_head.next_head(cfg, params, hstate[:, local], self._embed(state, drafted))
+                out, hstate = clover_head.next_head(cfg, params, hstate[:, local], self._embed(ctx.model, drafted))
                 level = nodes
         tree = DraftTree.build(tokens, parents, max_depth=self.max_depth)
         return tree, {**state, "cache": cache}

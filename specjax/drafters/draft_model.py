@@ -121,7 +121,7 @@ class DraftModel(Drafter):
 
     # ---- the three functions -------------------------------------------------------------------
 
-    def init(self, target, prompts, lengths, cache_len):
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
         cfg = self.draft.config
         cache = KVCache.init(cfg, prompts.shape[0], cache_len)
         if prompts.shape[1] > 1:

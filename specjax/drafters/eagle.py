@@ -81,32 +81,21 @@ class Eagle(Drafter):
 
     # ---- state ---------------------------------------------------------------------------------
 
-    def _target_weights(self, target: Model) -> dict:
-        p = target.params
-        out = {"embed": p["embed"]}
-        if self.config.version == 1:
-            out["head"] = lm_head_weight(target.config, p)
-        return out
-
     def _feature(self, hidden, layer_hidden):
         return eagle_head.target_feature(self.config, self.params, hidden, layer_hidden)
 
-    def init(self, target, prompts, lengths, cache_len):
-        return self.init_from_prefill(target, prompts, lengths, cache_len, None)
-
-    def init_from_prefill(self, target, prompts, lengths, cache_len, prefill):
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
         cfg, b = self.config, prompts.shape[0]
-        weights = self._target_weights(target)
         f = None if prefill is None else self._feature(prefill.hidden, prefill.layer_hidden)  # [B, T-1, E]
         cache = eagle_head.init_cache(cfg, b, cache_len)
         pending = (b, self.depth + 1, cfg.hidden_size)
-        cache, feats = feature_cache.prefill(self._run(weights["embed"]), cache, pending, f, prompts, lengths)
-        return {"cache": cache, "feats": feats, **weights}
+        cache, feats = feature_cache.prefill(self._run(target), cache, pending, f, prompts, lengths)
+        return {"cache": cache, "feats": feats}
 
-    def _run(self, embed_w) -> feature_cache.Run:
+    def _run(self, target: Model) -> feature_cache.Run:
         """The draft layer on new cache entries (see `feature_cache`)."""
         def run(feats, tokens, pos, mask, cache):
-            emb = eagle_head.embed(self.params, embed_w, tokens)
+            emb = eagle_head.embed(self.params, target.params["embed"], tokens)
             h, k, v = eagle_head.step(self.config, self.params, emb, feats, pos, cache, mask)
             return h, eagle_head.write(cache, k, v)
         return run
@@ -121,15 +110,15 @@ class Eagle(Drafter):
 
     def propose(self, state, ctx: Context, key):
         cfg, params = self.config, self.params
-        cache, embed_w = state["cache"], state["embed"]
-        head_w = state.get("head")
+        cache, embed_w = state["cache"], ctx.model.params["embed"]
+        head_w = lm_head_weight(ctx.model.config, ctx.model.params) if cfg.version == 1 else None
         b = ctx.tokens.shape[0]
         k, depth, n = self.top_k, self.depth, self.total_tokens
         emb = lambda tok: eagle_head.embed(params, embed_w, tok)
         draft_logp = lambda h: jnp.maximum(jax.nn.log_softmax(eagle_head.logits(cfg, params, h, head_w), -1), -1e4)
 
         # 1. catch up: entries [dc, length - 1) read the features of the accepted path.
-        run = self._run(embed_w)
+        run = self._run(ctx.model)
         cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
 
         # 2. expand: the top_k beams, top_k children each, for `depth` levels.

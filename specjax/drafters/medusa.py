@@ -56,22 +56,16 @@ class Medusa(Drafter):
         if self.accuracy is not None and len(self.accuracy) != k:
             raise ValueError(f"accuracy has {len(self.accuracy)} rows for {k} heads")
 
-    def init_from_prefill(self, target, prompts, lengths, cache_len, prefill):
-        b, e = prompts.shape[0], target.config.hidden_size
-        state = {"hidden": jnp.zeros((b, e), jnp.float32)}
-        if "w2" not in self.params:  # heads that share the target's LM head carry it
-            p = target.params
-            state["head"] = lm_head_weight(target.config, p)
-        if prefill is not None:
-            state["hidden"] = feature_cache.last_feature(prefill.hidden, lengths).astype(jnp.float32)
-        return state
-
-    def init(self, target, prompts, lengths, cache_len):
-        return self.init_from_prefill(target, prompts, lengths, cache_len, None)
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
+        if prefill is None:
+            return {"hidden": jnp.zeros((prompts.shape[0], target.config.hidden_size), jnp.float32)}
+        return {"hidden": feature_cache.last_feature(prefill.hidden, lengths).astype(jnp.float32)}
 
     def propose(self, state, ctx: Context, key):
         t = self.template
-        logits = medusa_head.apply(self.params, state["hidden"], self.num_layers, state.get("head"))  # [B,K,V]
+        # heads without their own LM head share the target's
+        head = None if "w2" in self.params else lm_head_weight(ctx.model.config, ctx.model.params)
+        logits = medusa_head.apply(self.params, state["hidden"], self.num_layers, head)  # [B,K,V]
         top = jax.lax.top_k(logits, min(t.num_ranks, logits.shape[-1]))[1]  # [B, K, R]
         rank_c = np.minimum(t.rank, top.shape[-1] - 1)
         drafted = top[:, np.maximum(t.depth[1:] - 1, 0), rank_c[1:]]  # [B, N-1]
@@ -81,7 +75,7 @@ class Medusa(Drafter):
     def update(self, state, ctx, tree, verdict, target_out):
         last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)  # [B, 1]
         h = jnp.take_along_axis(target_out.hidden, last[:, :, None], axis=1)[:, 0].astype(jnp.float32)
-        return {**state, "hidden": h}
+        return {"hidden": h}
 
     # ---- checkpoints ---------------------------------------------------------------------------
 

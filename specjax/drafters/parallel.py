@@ -107,7 +107,7 @@ class _GuessDrafter(Drafter):
             raise ValueError(f"{self.name} weights are for hidden size {e}, but the target has hidden "
                              f"size {target.config.hidden_size}")
 
-    def init(self, target, prompts, lengths, cache_len):
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
         b, ranks = prompts.shape[0], self.template.num_ranks
         return {"guesses": jnp.zeros((b, self.num_guesses, ranks), jnp.int32),
                 "count": jnp.zeros((b,), jnp.int32)}
