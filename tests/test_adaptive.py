@@ -113,7 +113,7 @@ def test_draft_cache_catches_up_from_behind(models):
     target, _ = models
     drafter = adaptive.CatchUpDraftModel(target, mode="chain", k=4, chunk=4)
     padded, lengths = engine.pad_prompts(PROMPTS, target.config.vocab_size)
-    plan = engine._plan(target.config, target, padded.shape[1], drafter, None, 24, 0.0, None, None, None)
+    plan = engine.plan(target.config, target, padded.shape[1], drafter, None, 24, 0.0, None, None, None)
 
     @jax.jit
     def run(prompts, lengths):
@@ -121,7 +121,7 @@ def test_draft_cache_catches_up_from_behind(models):
                                cache_len=plan.cache_len)
         state = state._replace(drafter_state=KVCache.init(target.config, len(prompts), plan.cache_len))
         for _ in range(3):
-            state = engine.step(target, drafter, state, settings=plan.settings, verifier=plan.verifier)
+            state, _ = engine.step(target, drafter, state, settings=plan.settings, verifier=plan.verifier)
         return state.accepted_hist
 
     hist = np.asarray(run(padded, lengths))
