@@ -26,7 +26,8 @@ The choice is made at two levels:
   k = 0 wins nothing is observed, so AR runs until a probe: after `probe_every` AR steps one
   step of the smallest k > 0 refreshes r_1; the gap doubles after each probe (up to 256 steps)
   and resets when speculation wins again. The draft model's cache is not fed during k = 0
-  steps; the next k > 0 step first catches it up in chunks (`CatchUpDraftModel`).
+  steps; the next k > 0 step first catches it up in chunks (`DraftModel.chain` gives a
+  `CatchUpDraftModel`).
 
 Greedy output equals plain AR token for token (every variant is lossless); with sampling, each
 variant uses its drafter's exact rule, so the output law is the target's.
@@ -43,47 +44,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import engine, sharding
-from specjax.drafters.base import Context, Drafter, NoDrafter
-from specjax.drafters.draft_model import DraftModel
-from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import KVCache, Model, forward
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class CatchUpDraftModel(DraftModel):
-    """A chain DraftModel whose cache may lag the committed tokens by any amount: `propose`
-    first feeds the missing tokens `chunk` at a time, then drafts as DraftModel does."""
-
-    chunk: int = dataclasses.field(default=16, metadata=dict(static=True))
-
-    def propose(self, cache: KVCache, ctx: Context, key):
-        cfg, params = self.draft.config, self.draft.params
-        limit = ctx.length - 1 - self.max_depth  # DraftModel.propose catches up <= max_depth + 1
-
-        def feed(c):
-            start = jnp.minimum(c.lengths, ctx.length - 1)
-            idx = jnp.clip(start[:, None] + jnp.arange(self.chunk)[None, :], 0, ctx.tokens.shape[1] - 1)
-            out = forward(cfg, params, jnp.take_along_axis(ctx.tokens, idx, axis=1),
-                          cache=c._replace(lengths=start), compute_logits=False)
-            return out.cache._replace(lengths=jnp.minimum(start + self.chunk, ctx.length - 1))
-
-        cache = jax.lax.while_loop(lambda c: jnp.any(c.lengths < limit), feed, cache)
-        return super().propose(cache, ctx, key)
+from specjax.drafters.base import Drafter, NoDrafter
+from specjax.models import Model
 
 
 def truncate(base: Drafter, k: int) -> Drafter:
     """The variant of `base` that drafts a chain of k tokens (k = 0: the empty drafter, which
     passes the base's state through untouched)."""
-    if k == 0:
-        return NoDrafter()
-    if isinstance(base, DraftModel) and base.mode == "chain":
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(DraftModel)}
-        return CatchUpDraftModel(**{**fields, "k": k})
-    if isinstance(base, PromptLookup):
-        return dataclasses.replace(base, num_tokens=k)
-    raise ValueError(f"adaptive speculation needs a chain drafter (DraftModel mode='chain' or "
-                     f"PromptLookup), got {base.name}")
+    return NoDrafter() if k == 0 else base.chain(k)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ import pytest
 import specjax as sj
 from specjax import adaptive, engine
 from specjax.drafters import DraftModel, PromptLookup
+from specjax.drafters.draft_model import CatchUpDraftModel
 from specjax.models import KVCache
 
 
@@ -111,7 +112,7 @@ def test_draft_cache_catches_up_from_behind(models):
     tokens the draft never sees): every draft can only match the target's greedy token, and
     be accepted, if CatchUpDraftModel fed the missing tokens correctly, chunk by chunk."""
     target, _ = models
-    drafter = adaptive.CatchUpDraftModel(target, mode="chain", k=4, chunk=4)
+    drafter = CatchUpDraftModel(target, mode="chain", k=4, chunk=4)
     padded, lengths = engine.pad_prompts(PROMPTS, target.config.vocab_size)
     plan = engine.plan(target.config, target, padded.shape[1], drafter, None, 24, 0.0, None, None, None)
 

@@ -84,6 +84,13 @@ class Drafter:
     def check(self, target: Model) -> None:
         """Raise a clear error if this drafter cannot serve `target` (host-side, before jit)."""
 
+    def chain(self, k: int) -> "Drafter":
+        """This drafter drafting a chain of k >= 1 tokens, for drivers that choose the length
+        each step (`specjax.adaptive`); its state must survive the steps it does not draft.
+        Chain drafters (DraftModel mode='chain', PromptLookup) override this."""
+        raise ValueError(f"adaptive speculation needs a chain drafter (DraftModel mode='chain' or "
+                         f"PromptLookup), got {self.name}")
+
     def init(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int,
              prefill: ForwardOutput | None = None) -> Any:
         """The state after the target's prefill. `prefill`: the target's output over
