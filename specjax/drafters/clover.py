@@ -12,6 +12,7 @@ per depth. Trees are deterministic (q = None): Greedy at temperature 0, TopK whe
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -76,24 +77,19 @@ class Clover(Drafter):
     # ---- state ---------------------------------------------------------------------------------
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
-        cfg, b = self.config, prompts.shape[0]
         f = None if prefill is None else prefill.layer_hidden[0].astype(jnp.float32)  # [B, T-1, E]
-        cache = clover_head.init_cache(cfg, b, cache_len)
-        pending = (b, self.max_depth + 1, cfg.hidden_size)
-        cache, feats = feature_cache.prefill(self._run(target), cache, pending, f, prompts, lengths)
-        return {"cache": cache, "feats": feats}
-
-    def _run(self, target: Model) -> feature_cache.Run:
-        """The Augmenting Block on new cache entries (see `feature_cache`)."""
-        def run(feats, tokens, pos, mask, cache):
-            emb = self._embed(target, tokens)
-            h, k, v = clover_head.block(self.config, self.params, feats, emb, pos, mask, cache)
-            return h, cache.write(k, v)
-        return run
+        cache = clover_head.init_cache(self.config, prompts.shape[0], cache_len)
+        return feature_cache.start(functools.partial(self._entries, target), cache,
+                                   (self.max_depth + 1, self.config.hidden_size), f, prompts, lengths)
 
     def update(self, state, ctx, tree, verdict, target_out):
         feats = feature_cache.on_path(target_out.layer_hidden[0], verdict.path)  # [B, D+1, E]
         return {**state, "feats": feats.astype(jnp.float32)}
+
+    def _entries(self, target: Model, feats, tokens, pos, mask, cache):
+        """The Augmenting Block on new cache entries (a `feature_cache.Run`, given the target)."""
+        h, k, v = clover_head.block(self.config, self.params, feats, self._embed(target, tokens), pos, mask, cache)
+        return h, cache.write(k, v)
 
     @staticmethod
     def _embed(target: Model, tokens):
@@ -106,7 +102,7 @@ class Clover(Drafter):
         b, head = ctx.tokens.shape[0], lm_head_weight(ctx.model.config, ctx.model.params)
 
         # 1. catch up: entries [dc, length - 1) read the hidden states of the accepted path.
-        run = self._run(ctx.model)
+        run = functools.partial(self._entries, ctx.model)
         cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
 
         # 2. the tree, depth by depth: children are ranked tokens of their parent's head.

@@ -6,6 +6,7 @@ published EAGLE-1 / EAGLE-3 layouts: `specjax.convert.heads`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import jax
@@ -85,26 +86,22 @@ class Eagle(Drafter):
         return eagle_head.target_feature(self.config, self.params, hidden, layer_hidden)
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
-        cfg, b = self.config, prompts.shape[0]
         f = None if prefill is None else self._feature(prefill.hidden, prefill.layer_hidden)  # [B, T-1, E]
-        cache = eagle_head.init_cache(cfg, b, cache_len)
-        pending = (b, self.depth + 1, cfg.hidden_size)
-        cache, feats = feature_cache.prefill(self._run(target), cache, pending, f, prompts, lengths)
-        return {"cache": cache, "feats": feats}
-
-    def _run(self, target: Model) -> feature_cache.Run:
-        """The draft layer on new cache entries (see `feature_cache`)."""
-        def run(feats, tokens, pos, mask, cache):
-            emb = eagle_head.embed(self.params, target.params["embed"], tokens)
-            h, k, v = eagle_head.step(self.config, self.params, emb, feats, pos, cache, mask)
-            return h, eagle_head.write(cache, k, v)
-        return run
+        cache = eagle_head.init_cache(self.config, prompts.shape[0], cache_len)
+        return feature_cache.start(functools.partial(self._entries, target), cache,
+                                   (self.depth + 1, self.config.hidden_size), f, prompts, lengths)
 
     def update(self, state, ctx, tree, verdict, target_out):
         hidden = feature_cache.on_path(target_out.hidden, verdict.path)  # [B, D+1, E]
         lh = target_out.layer_hidden
         layers = None if lh is None else jax.vmap(feature_cache.on_path, (0, None))(lh, verdict.path)
         return {**state, "feats": self._feature(hidden, layers)}
+
+    def _entries(self, target: Model, feats, tokens, pos, mask, cache):
+        """The draft layer on new cache entries (a `feature_cache.Run`, given the target)."""
+        emb = eagle_head.embed(self.params, target.params["embed"], tokens)
+        h, k, v = eagle_head.step(self.config, self.params, emb, feats, pos, cache, mask)
+        return h, eagle_head.write(cache, k, v)
 
     # ---- propose -------------------------------------------------------------------------------
 
@@ -118,7 +115,7 @@ class Eagle(Drafter):
         draft_logp = lambda h: jnp.maximum(jax.nn.log_softmax(eagle_head.logits(cfg, params, h, head_w), -1), -1e4)
 
         # 1. catch up: entries [dc, length - 1) read the features of the accepted path.
-        run = self._run(ctx.model)
+        run = functools.partial(self._entries, ctx.model)
         cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
 
         # 2. expand: the top_k beams, top_k children each, for `depth` levels.

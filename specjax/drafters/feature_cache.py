@@ -5,7 +5,7 @@ once the target has verified them.
 
 The drafter hands in its head's step as `run(feats [B,T,E], tokens int[B,T], positions int[B,T],
 mask bool[B,T,T], cache) -> (out [B,T,E], cache with the T entries written at its lengths)`.
-`prefill` commits the prompt's entries; each `catch_up` commits the entries verified since (the
+`start` commits the prompt's entries; each `catch_up` commits the entries verified since (the
 accepted path's features, which `on_path` gathers in `update`) and returns the root's output,
 where the tree grows from.
 """
@@ -39,20 +39,22 @@ def last_feature(feats: jax.Array, lengths: jax.Array) -> jax.Array:
     return jnp.where((e >= 0)[:, None], f, 0.0)
 
 
-def prefill(run: Run, cache: KVCache, pending_shape: tuple[int, int, int], feats: jax.Array | None,
-            prompts: jax.Array, lengths: jax.Array) -> tuple[KVCache, jax.Array]:
-    """Commit entries 0..length-3, (f_j, x_{j+1}), of the prompt's features feats [B, T-1, E]
-    (None: nothing to commit, one-token prompts); returns the cache and the pending features of
-    `pending_shape` [B, W, E], the root's first."""
-    pending = jnp.zeros(pending_shape, jnp.float32)
+def start(run: Run, cache: KVCache, pending: tuple[int, int], feats: jax.Array | None,
+          prompts: jax.Array, lengths: jax.Array) -> dict:
+    """A head drafter's state after the prompt, {"cache", "feats"}: the cache with entries
+    0..length-3, (f_j, x_{j+1}), of the prompt's features feats [B, T-1, E] committed (None:
+    nothing to commit, one-token prompts), and the pending features [B, W, E] (`pending` = (W,
+    E)), the root's first."""
+    b = prompts.shape[0]
+    pending = jnp.zeros((b, *pending), jnp.float32)
     if feats is None:
-        return cache, pending
-    b, t = feats.shape[:2]
+        return {"cache": cache, "feats": pending}
+    t = feats.shape[1]
     if t > 1:
         pos = jnp.broadcast_to(jnp.arange(t - 1, dtype=jnp.int32), (b, t - 1))
         _, cache = run(feats[:, :-1], prompts[:, 1:t], pos, causal(b, t - 1), cache)
-    pending = pending.at[:, 0].set(last_feature(feats, lengths))
-    return cache._replace(lengths=jnp.maximum(root_entry(lengths), 0)), pending
+    cache = cache._replace(lengths=jnp.maximum(root_entry(lengths), 0))
+    return {"cache": cache, "feats": pending.at[:, 0].set(last_feature(feats, lengths))}
 
 
 def catch_up(run: Run, cache: KVCache, pending: jax.Array, tokens: jax.Array,
