@@ -26,7 +26,8 @@ The choice is made at two levels:
   k = 0 wins nothing is observed, so AR runs until a probe: after `probe_every` AR steps one
   step of the smallest k > 0 refreshes r_1; the gap doubles after each probe (up to 256 steps)
   and resets when speculation wins again. The draft model's cache is not fed during k = 0
-  steps; the next k > 0 step first catches it up in chunks (`CatchUpDraftModel`).
+  steps; the next k > 0 step first catches it up in chunks (`DraftModel.chain` gives a
+  `CatchUpDraftModel`).
 
 Greedy output equals plain AR token for token (every variant is lossless); with sampling, each
 variant uses its drafter's exact rule, so the output law is the target's.
@@ -42,48 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import engine
-from specjax.drafters.base import Context, Drafter, NoDrafter
-from specjax.drafters.draft_model import DraftModel
-from specjax.drafters.prompt_lookup import PromptLookup
-from specjax.models import KVCache, Model, forward
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class CatchUpDraftModel(DraftModel):
-    """A chain DraftModel whose cache may lag the committed tokens by any amount: `propose`
-    first feeds the missing tokens `chunk` at a time, then drafts as DraftModel does."""
-
-    chunk: int = dataclasses.field(default=16, metadata=dict(static=True))
-
-    def propose(self, cache: KVCache, ctx: Context, key):
-        cfg, params = self.draft.config, self.draft.params
-        limit = ctx.length - 1 - self.max_depth  # DraftModel.propose catches up <= max_depth + 1
-
-        def feed(c):
-            start = jnp.minimum(c.lengths, ctx.length - 1)
-            idx = jnp.clip(start[:, None] + jnp.arange(self.chunk)[None, :], 0, ctx.tokens.shape[1] - 1)
-            out = forward(cfg, params, jnp.take_along_axis(ctx.tokens, idx, axis=1),
-                          cache=c._replace(lengths=start), compute_logits=False)
-            return out.cache._replace(lengths=jnp.minimum(start + self.chunk, ctx.length - 1))
-
-        cache = jax.lax.while_loop(lambda c: jnp.any(c.lengths < limit), feed, cache)
-        return super().propose(cache, ctx, key)
+from specjax import engine, sharding
+from specjax.drafters.base import Drafter, NoDrafter
+from specjax.models import Model
 
 
 def truncate(base: Drafter, k: int) -> Drafter:
     """The variant of `base` that drafts a chain of k tokens (k = 0: the empty drafter, which
     passes the base's state through untouched)."""
-    if k == 0:
-        return NoDrafter()
-    if isinstance(base, DraftModel) and base.mode == "chain":
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(DraftModel)}
-        return CatchUpDraftModel(**{**fields, "k": k})
-    if isinstance(base, PromptLookup):
-        return dataclasses.replace(base, num_tokens=k)
-    raise ValueError(f"adaptive speculation needs a chain drafter (DraftModel mode='chain' or "
-                     f"PromptLookup), got {base.name}")
+    return NoDrafter() if k == 0 else base.chain(k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,14 +166,12 @@ def _choose(ad: _Policy, carry: _Carry, costs: jax.Array, force: jax.Array):
     return idx, jnp.where(idx == 0, ar_steps, jnp.where(probe, 1, ad.segment)), gap
 
 
-def _branch(model, drafter, verifier, settings, k: int, kmax: int):
-    """One step of the k-variant: (state with the step's accepted counts added, step_hist)."""
+def _branch(model, drafter, verifier, settings, kmax: int):
+    """One engine step of a variant: (state, step_hist int32[B, kmax + 1], the step's accepted
+    count one-hot on the rows that stepped)."""
     def run(state: engine.DecodeState):
-        b = state.length.shape[0]
-        s = state._replace(accepted_hist=jnp.zeros((b, k + 1), jnp.int32))
-        s = engine.step(model, drafter, s, settings=settings, verifier=verifier)
-        step_hist = jnp.pad(s.accepted_hist, ((0, 0), (0, kmax - k)))
-        return s._replace(accepted_hist=state.accepted_hist + step_hist), step_hist
+        state, record = engine.step(model, drafter, state, settings=settings, verifier=verifier)
+        return state, jax.nn.one_hot(record.num_accepted, kmax + 1, dtype=jnp.int32) * record.active[:, None]
     return run
 
 
@@ -243,7 +209,7 @@ def _loop(model, variants, state, costs, rates, force, *, ad, settings, verifier
     """The outer loop picks a variant by goodput; the chosen variant runs a segment in its own
     inner loop (one lax.switch per segment, so the switch's cost is paid once per segment)."""
     kmax = ad.ks[-1]
-    segments = [_segment(_branch(model, d, v, settings, k, kmax), k, ad.decay, kmax)
+    segments = [_segment(_branch(model, d, v, settings, kmax), k, ad.decay, kmax)
                 for d, v, k in zip(variants, verifiers, ad.ks)]
 
     def body(c: _Carry) -> _Carry:
@@ -259,8 +225,9 @@ def _loop(model, variants, state, costs, rates, force, *, ad, settings, verifier
     return jax.lax.while_loop(lambda c: ~jnp.all(c.state.done), body, carry)
 
 
-def _decode(model, variants, prompts, lengths, key, costs, rates, force, *, ad, settings, verifiers, cache_len):
-    state = engine.prefill(model, variants[-1], prompts, lengths, key, settings=settings, cache_len=cache_len)
+def _decode(model, variants, rows: engine.Batch, key, costs, rates, force, *, ad, settings, verifiers, cache_len):
+    state = engine.prefill(model, variants[-1], rows.prompts, rows.lengths, key, settings=settings,
+                           cache_len=cache_len, budget=rows.budget)
     return _loop(model, variants, state, costs, rates, force, ad=ad, settings=settings, verifiers=verifiers)
 
 
@@ -268,28 +235,32 @@ _decode_jit = jax.jit(_decode, static_argnames=("ad", "settings", "verifiers", "
 
 
 class _Setup(NamedTuple):
-    padded: np.ndarray
-    lengths: np.ndarray
-    variants: tuple[Drafter, ...]
-    plan: engine._Plan
+    rows: engine.Batch  # laid out on the model's mesh, if it has one
+    num_rows: int  # the real rows (the mesh may add rows of budget 0)
+    variants: tuple[Drafter, ...]  # laid out on the mesh too
+    plan: engine.Plan
     verifiers: tuple
+    mesh: object
 
 
 def _setup(model, prompts, ad, max_new_tokens, temperature, top_k, top_p, eos_token_id) -> _Setup:
     padded, lengths = engine.pad_prompts(prompts, model.config.vocab_size)
     variants = ad.variants()
-    plan = engine._plan(model.config, model, padded.shape[1], variants[-1], None, max_new_tokens,
-                        temperature, top_k, top_p, eos_token_id)
+    plan = engine.plan(model.config, model, padded.shape[1], variants[-1], None, max_new_tokens,
+                       temperature, top_k, top_p, eos_token_id)
     verifiers = tuple(d.default_verifier(plan.settings.sampling) for d in variants)
-    return _Setup(padded, lengths, variants, plan, verifiers)
+    mesh = sharding.mesh_of(model)
+    if mesh is not None:
+        variants = tuple(sharding.shard(d, mesh) for d in variants)
+    return _Setup(engine.batch(plan, mesh, padded, lengths), len(padded), variants, plan, verifiers, mesh)
 
 
 def _run(model, setup: _Setup, ad: Adaptive, key, costs, rates, force: int) -> _Carry:
     """The compiled loop on one prepared batch (force >= 0: every segment runs that variant)."""
-    return _decode_jit(model, setup.variants, jnp.asarray(setup.padded), jnp.asarray(setup.lengths), key,
-                       jnp.asarray(costs, jnp.float32), jnp.asarray(rates, jnp.float32), jnp.int32(force),
-                       ad=ad.policy, settings=setup.plan.settings, verifiers=setup.verifiers,
-                       cache_len=setup.plan.cache_len)
+    with sharding.use_mesh(setup.mesh):
+        return _decode_jit(model, setup.variants, setup.rows, key, jnp.asarray(costs, jnp.float32),
+                           jnp.asarray(rates, jnp.float32), jnp.int32(force), ad=ad.policy,
+                           settings=setup.plan.settings, verifiers=setup.verifiers, cache_len=setup.plan.cache_len)
 
 
 def _batches(prompts, batch_size: int | None) -> list:
@@ -381,12 +352,13 @@ def _generate_loop(model, prompts, ad: Adaptive, cal: Calibration, *, max_new_to
     t0 = time.perf_counter()
     carry = _run(model, setup, ad, key, cal.costs, cal.rates, -1)
     s = carry.state
-    tokens, num, calls, hist, k_counts, drafted, reached = jax.device_get(
-        (s.out, s.num_out, s.target_calls, s.accepted_hist, carry.k_counts, carry.drafted, carry.reached))
+    tokens, num, calls, hist = (x[: setup.num_rows] for x in sharding.to_host(
+        (s.out, s.num_out, s.target_calls, s.accepted_hist)))
+    k_counts, drafted, reached = jax.device_get((carry.k_counts, carry.drafted, carry.reached))
     wall = time.perf_counter() - t0
-    stats = engine._stats(setup.plan, num, calls, hist, wall)
+    stats = engine.stats(setup.plan, num, calls, hist, wall)
     # acceptance at depth d among the steps that drafted depth d (AR steps and shorter chains
-    # are not counted as rejections, as engine._stats would count them)
+    # are not counted as rejections, as engine.stats would count them)
     stats["acceptance_per_depth"] = [float(r / d) if d else 0.0 for r, d in zip(reached, drafted)]
     stats.update(_calibration_stats(ad, cal), verifier=type(setup.verifiers[-1]).__name__, speculated=True,
                  k_counts={int(k): int(n) for k, n in zip(ad.ks, k_counts)})

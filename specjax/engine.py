@@ -4,6 +4,11 @@ One step: the root (last committed token, whose K/V is not yet cached) goes thro
 with the cache, the processed target distribution is sampled, and the accepted path is
 committed. Autoregressive decoding is this loop with a root-only tree; speculative decoding
 adds a drafter's nodes to the same step.
+
+Public pieces, for drivers built on top (`specjax.adaptive` keeps only its policy on them):
+`plan(...)` resolves and checks a decode's static settings on the host, `batch(plan, mesh, ...)`
+lays a batch out, `prefill` and `step(...) -> (state, StepRecord)` are the pure loop pieces,
+and `stats(plan, ...)` turns the counters into the stats dict.
 """
 
 from __future__ import annotations
@@ -136,14 +141,24 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
         num_out=jnp.zeros((b,), jnp.int32), budget=budget, done=budget <= 0, key=key,
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
-        drafter_state=drafter.init_from_prefill(model, prompts, lengths, cache_len, pre)))
+        drafter_state=drafter.init(model, prompts, lengths, cache_len, pre)))
+
+
+class StepRecord(NamedTuple):
+    """What one step did, per row: num_accepted int32[B] (draft tokens accepted; the bonus
+    token is not counted) and active bool[B] (the rows that were not done, so stepped)."""
+
+    num_accepted: jax.Array
+    active: jax.Array
 
 
 def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: DecodeSettings,
-         verifier: verify.Verifier) -> DecodeState:
-    """One target forward: propose a tree, verify it, commit the accepted path, emit its tokens."""
+         verifier: verify.Verifier) -> tuple[DecodeState, StepRecord]:
+    """One target forward: propose a tree, verify it, commit the accepted path, emit its tokens.
+    The state's accepted_hist counts the step at its accepted depth (its width is the state's:
+    a loop over several drafters carries the widest)."""
     key, draft_key, verify_key = jax.random.split(state.key, 3)
-    ctx = Context(state.history, state.length, settings.sampling)
+    ctx = Context(state.history, state.length, settings.sampling, model)
     tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
     positions = tree.positions(state.cache.lengths)
     active = ~state.done
@@ -154,10 +169,11 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     cache = out.cache.commit(verdict.path, verdict.num_accepted)
     cache = cache._replace(lengths=jnp.where(active, cache.lengths, state.cache.lengths))
     dstate = drafter.update(dstate, ctx, tree, verdict, out)
-    hist = state.accepted_hist + (jax.nn.one_hot(verdict.num_accepted, drafter.max_depth + 1, dtype=jnp.int32)
-                                  * active[:, None])
+    width = state.accepted_hist.shape[1]
+    hist = state.accepted_hist + jax.nn.one_hot(verdict.num_accepted, width, dtype=jnp.int32) * active[:, None]
     state = state._replace(cache=cache, key=key, drafter_state=dstate, accepted_hist=hist)
-    return sharding.constrain_caches(_emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings))
+    state = _emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings)
+    return sharding.constrain_caches(state), StepRecord(verdict.num_accepted, active)
 
 
 def _verify_forward(model: Model, drafter: Drafter, tree, positions: jax.Array, cache: KVCache,
@@ -224,7 +240,7 @@ def decode(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arra
     state = prefill(model, drafter, prompts, lengths, key, settings=settings, cache_len=cache_len,
                     budget=budget)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                              lambda s: step(model, drafter, s, settings=settings, verifier=verifier),
+                              lambda s: step(model, drafter, s, settings=settings, verifier=verifier)[0],
                               state)
 
 
@@ -241,10 +257,10 @@ def bucket(n: int, floor: int = 16) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Plan:
+class Plan:
     """The static pieces of one decode, resolved and checked on the host. `settings.max_new_tokens`
-    and `prompt_len` are the compiled sizes (buckets, for generate/stream); `max_new_tokens` is
-    what was asked for."""
+    and `prompt_len` are the compiled sizes (buckets when `bucketed`, as generate/stream plan);
+    `max_new_tokens` is what was asked for."""
 
     drafter: Drafter
     verifier: verify.Verifier
@@ -252,10 +268,15 @@ class _Plan:
     cache_len: int
     prompt_len: int
     max_new_tokens: int
+    bucketed: bool = False
 
 
-def _plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter, verifier,
-          max_new_tokens, temperature, top_k, top_p, eos_token_id, bucketed: bool = False) -> _Plan:
+def plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter=None, verifier=None,
+         max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+         top_p: float | None = None, eos_token_id=None, bucketed: bool = False) -> Plan:
+    """Resolve and check one decode's static pieces on the host: the drafter (None: AR), the
+    verifier (None: the drafter's exact default), sampling settings, EOS ids and the cache
+    size; with `target`, the drafter is checked against it. Errors name the bad argument."""
     params = sampling.SamplingParams(float(temperature), top_k, top_p)
     asked = DecodeSettings(max_new_tokens, params, _eos_ids(eos_token_id))
     drafter = NoDrafter() if drafter is None else drafter
@@ -273,21 +294,31 @@ def _plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter, v
     cache_size(config, prompt_len, asked)  # raises when the positions cannot hold the request
     width = bucket(prompt_len) if bucketed else prompt_len
     settings = dataclasses.replace(asked, max_new_tokens=bucket(max_new_tokens)) if bucketed else asked
-    return _Plan(drafter, verifier, settings, width + settings.max_new_tokens + drafter.num_nodes,
-                 width, max_new_tokens)
+    return Plan(drafter, verifier, settings, width + settings.max_new_tokens + drafter.num_nodes,
+                width, max_new_tokens, bucketed)
 
 
-def _bucketed_batch(plan: _Plan, mesh, padded: np.ndarray, lengths: np.ndarray):
-    """Prompts padded to the plan's width and the batch to its bucket with rows of budget 0
-    (done from the start), then to fill the mesh's 'data' axis: (prompts, lengths, budget)."""
+class Batch(NamedTuple):
+    """A batch laid out for the loop: prompts int32[B', prompt_len], lengths and budget int32[B'].
+    B' >= the real rows, which come first: bucket rows have budget 0 (done from the start), rows
+    that fill the mesh's 'data' axis repeat the last (see `sharding.pad_batch`)."""
+
+    prompts: jax.Array
+    lengths: jax.Array
+    budget: jax.Array
+
+
+def batch(plan: Plan, mesh, padded: np.ndarray, lengths: np.ndarray) -> Batch:
+    """Prompts padded to the plan's width (and, bucketed, the batch to its bucket) with rows of
+    budget 0, then to fill the mesh's 'data' axis, placed on the mesh (None: as they are)."""
     b = len(padded)
-    extra = bucket(b, floor=1) - b
+    extra = bucket(b, floor=1) - b if plan.bucketed else 0
     rows = np.zeros((b + extra, plan.prompt_len), np.int32)
     rows[:b, : padded.shape[1]] = padded
     rows[b:] = rows[b - 1]
     lens = np.concatenate([lengths, np.repeat(lengths[-1:], extra)])
     budget = np.array([plan.max_new_tokens] * b + [0] * extra, np.int32)
-    return sharding.pad_batch(mesh, rows, lens, budget)
+    return Batch(*(sharding.shard_batch(mesh, x) for x in sharding.pad_batch(mesh, rows, lens, budget)))
 
 
 def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int = 64, drafter=None,
@@ -301,14 +332,14 @@ def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int =
     drafter as an argument to keep its weights traced rather than baked in. Sharded (params
     from `sj.shard`, prompts from `sj.sharding.shard_batch`): trace it under
     `jax.set_mesh(mesh)`, which pins the KV caches and keeps the Pallas kernels out."""
-    plan = _plan(config, None, prompt_len, drafter, verifier, max_new_tokens, temperature, top_k,
-                 top_p, eos_token_id)
+    p = plan(config, None, prompt_len, drafter, verifier, max_new_tokens, temperature, top_k,
+             top_p, eos_token_id)
 
-    def generate_fn(params, prompts, lengths, key, drafter=plan.drafter):
+    def generate_fn(params, prompts, lengths, key, drafter=p.drafter):
         if not isinstance(prompts, jax.core.Tracer) and not isinstance(lengths, jax.core.Tracer):
             _check_padded(np.asarray(prompts), np.asarray(lengths), config.vocab_size, prompt_len)
-        s = decode(Model(params, config), drafter, prompts, lengths, key, settings=plan.settings,
-                   verifier=plan.verifier, cache_len=plan.cache_len)
+        s = decode(Model(params, config), drafter, prompts, lengths, key, settings=p.settings,
+                   verifier=p.verifier, cache_len=p.cache_len)
         return s.out, s.num_out
 
     return generate_fn
@@ -337,26 +368,34 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter=None, v
     time (`wall_time_s`, `tokens_per_s`) without compilation, and `compile_s` apart. A model
     laid out on a mesh (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid
     out on the same mesh."""
-    padded, lengths = pad_prompts(prompts, model.config.vocab_size)
-    plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
-                 temperature, top_k, top_p, eos_token_id, bucketed=True)
+    p, mesh, drafter, rows, n = _placed(model, prompts, drafter, verifier, max_new_tokens, temperature,
+                                        top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
-    mesh = sharding.mesh_of(model)
-    drafter = plan.drafter if mesh is None else sharding.shard(plan.drafter, mesh)
-    rows, lens, budget = (sharding.shard_batch(mesh, x) for x in _bucketed_batch(plan, mesh, padded, lengths))
     compiled_before, t0 = _compile_seconds(), time.perf_counter()
     with sharding.use_mesh(mesh):
-        state = _decode_jit(model, drafter, rows, lens, key, budget, settings=plan.settings,
-                            verifier=plan.verifier, cache_len=plan.cache_len)
-    tokens, num, calls, hist = (x[: len(padded)] for x in sharding.to_host(
+        state = _decode_jit(model, drafter, rows.prompts, rows.lengths, key, rows.budget, settings=p.settings,
+                            verifier=p.verifier, cache_len=p.cache_len)
+    tokens, num, calls, hist = (x[:n] for x in sharding.to_host(
         (state.out, state.num_out, state.target_calls, state.accepted_hist)))
     compile_s = _compile_seconds() - compiled_before
     wall = time.perf_counter() - t0 - compile_s
     return GenerateOutput(np.asarray(tokens)[:, :max_new_tokens], np.asarray(num),
-                          _stats(plan, num, calls, hist, wall, compile_s))
+                          stats(p, num, calls, hist, wall, compile_s))
 
 
-def _stats(plan: _Plan, num_tokens, target_calls, accepted_hist, wall: float, compile_s: float = 0.0) -> dict:
+def _placed(model: Model, prompts, drafter, verifier, max_new_tokens, temperature, top_k, top_p,
+            eos_token_id):
+    """generate's and stream's setup: the bucketed plan, the model's mesh, the drafter and the
+    batch laid out on it, and the number of real rows."""
+    padded, lengths = pad_prompts(prompts, model.config.vocab_size)
+    p = plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens, temperature,
+             top_k, top_p, eos_token_id, bucketed=True)
+    mesh = sharding.mesh_of(model)
+    drafter = p.drafter if mesh is None else sharding.shard(p.drafter, mesh)
+    return p, mesh, drafter, batch(p, mesh, padded, lengths), len(padded)
+
+
+def stats(plan: Plan, num_tokens, target_calls, accepted_hist, wall: float, compile_s: float = 0.0) -> dict:
     """tau = committed tokens per target forward (bonus included, output cut-offs excluded);
     acceptance_per_depth[d-1] = P(depth d accepted | depth d-1 accepted). wall_time_s is the
     decoding alone; compile_s the tracing and compiling this call paid."""
@@ -409,28 +448,24 @@ def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, dra
     the same step `generate` compiles into its while_loop, for CLIs; shapes bucketed as there).
     The generator's return value (StopIteration.value) is the stats dict, with the same
     timing as `generate`'s: decoding alone, and `compile_s` apart."""
-    padded, lengths = pad_prompts([list(prompt)], model.config.vocab_size)
-    plan = _plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens,
-                 temperature, top_k, top_p, eos_token_id, bucketed=True)
+    p, mesh, drafter, rows, _ = _placed(model, [list(prompt)], drafter, verifier, max_new_tokens,
+                                        temperature, top_k, top_p, eos_token_id)
     key = jax.random.key(0) if key is None else key
-    mesh = sharding.mesh_of(model)
-    drafter = plan.drafter if mesh is None else sharding.shard(plan.drafter, mesh)
-    rows, lens, budget = (sharding.shard_batch(mesh, x) for x in _bucketed_batch(plan, mesh, padded, lengths))
     compiled_before, t0 = _compile_seconds(), time.perf_counter()
     with sharding.use_mesh(mesh):  # a sharded model: traced for its mesh
-        state = _prefill_jit(model, drafter, rows, lens, key, budget=budget, settings=plan.settings,
-                             cache_len=plan.cache_len)
+        state = _prefill_jit(model, drafter, rows.prompts, rows.lengths, key, budget=rows.budget,
+                             settings=p.settings, cache_len=p.cache_len)
     emitted = 0
     while True:
         with sharding.use_mesh(mesh):
-            state = _step_jit(model, drafter, state, settings=plan.settings, verifier=plan.verifier)
+            state, _ = _step_jit(model, drafter, state, settings=p.settings, verifier=p.verifier)
         out, num, done = sharding.to_host((state.out, state.num_out, state.done))
         if num[0] > emitted:  # slice on the host: a device slice would compile per (start, stop)
             yield out[0, emitted: num[0]].tolist()
             emitted = int(num[0])
         if done[0]:
             compile_s = _compile_seconds() - compiled_before
-            return _stats(plan, *(x[:1] for x in sharding.to_host(
+            return stats(p, *(x[:1] for x in sharding.to_host(
                 (state.num_out, state.target_calls, state.accepted_hist))),
                 time.perf_counter() - t0 - compile_s, compile_s)
 

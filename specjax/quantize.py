@@ -9,15 +9,27 @@ as they are.
 from __future__ import annotations
 
 import pallas_kernels
+from pallas_kernels.quant_matmul.weight import GROUP_SIZES
 from specjax.models import Model
 
 LAYER_MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 MODES = {"int8": 8, "int4": 4}
 
 
-def quantize(model: Model, mode: str, group_size: int = 128) -> Model:
+def largest_group(k: int, bits: int) -> int:
+    """The largest supported group size whose planes tile K input rows (int4 packs two planes)."""
+    fits = [g for g in GROUP_SIZES if k % ((8 // bits) * g) == 0]
+    if not fits:
+        raise ValueError(f"K = {k} is not a multiple of {(8 // bits) * min(GROUP_SIZES)}, so no group "
+                         f"size in {GROUP_SIZES} fits int{bits}")
+    return max(fits)
+
+
+def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
     """The model with its matmul weights quantized to `mode` ("int8" or "int4"), symmetric,
-    one scale per `group_size` input rows and output column."""
+    one scale per `group_size` input rows and output column. The default (None) takes, per
+    matrix, the largest supported group (of 32, 64, 128) that divides its K: a model whose
+    widths are not multiples of 128 (the shipped tiny's 704) quantizes as is."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
@@ -25,7 +37,8 @@ def quantize(model: Model, mode: str, group_size: int = 128) -> Model:
         if isinstance(w, pallas_kernels.QuantizedWeight):
             raise ValueError(f"{name} is already quantized")
         try:
-            return pallas_kernels.quantize(w, MODES[mode], group_size)
+            g = group_size if group_size is not None else largest_group(w.shape[-2], MODES[mode])
+            return pallas_kernels.quantize(w, MODES[mode], g)
         except ValueError as e:
             raise ValueError(f"cannot quantize {name} {tuple(w.shape)}: {e}") from None
 

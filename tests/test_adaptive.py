@@ -10,6 +10,7 @@ import pytest
 import specjax as sj
 from specjax import adaptive, engine
 from specjax.drafters import DraftModel, PromptLookup
+from specjax.drafters.draft_model import CatchUpDraftModel
 from specjax.models import KVCache
 
 
@@ -112,9 +113,9 @@ def test_draft_cache_catches_up_from_behind(models):
     tokens the draft never sees): every draft can only match the target's greedy token, and
     be accepted, if CatchUpDraftModel fed the missing tokens correctly, chunk by chunk."""
     target, _ = models
-    drafter = adaptive.CatchUpDraftModel(target, mode="chain", k=4, chunk=4)
+    drafter = CatchUpDraftModel(target, mode="chain", k=4, chunk=4)
     padded, lengths = engine.pad_prompts(PROMPTS, target.config.vocab_size)
-    plan = engine._plan(target.config, target, padded.shape[1], drafter, None, 24, 0.0, None, None, None)
+    plan = engine.plan(target.config, target, padded.shape[1], drafter, None, 24, 0.0, None, None, None)
 
     @jax.jit
     def run(prompts, lengths):
@@ -122,7 +123,7 @@ def test_draft_cache_catches_up_from_behind(models):
                                cache_len=plan.cache_len)
         state = state._replace(drafter_state=KVCache.init(target.config, len(prompts), plan.cache_len))
         for _ in range(3):
-            state = engine.step(target, drafter, state, settings=plan.settings, verifier=plan.verifier)
+            state, _ = engine.step(target, drafter, state, settings=plan.settings, verifier=plan.verifier)
         return state.accepted_hist
 
     hist = np.asarray(run(padded, lengths))

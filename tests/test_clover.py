@@ -57,7 +57,7 @@ def test_clover_drafts_what_its_head_predicts(target):
     cfg, params, embed, head = drafter.config, drafter.params, target.params["embed"], target.params["lm_head"]
     prompt = jnp.asarray([RAGGED[0]])
     t = prompt.shape[1]
-    parents, rank = drafter._template
+    parents, rank = drafter.template.parents, drafter.template.rank
     child = int(np.flatnonzero((parents == 1) & (rank == 0))[0])
     assert (parents[1], rank[1]) == (0, 0)
 
@@ -71,9 +71,9 @@ def test_clover_drafts_what_its_head_predicts(target):
 
         pre = target(prompt[:, :-1], compute_logits=False, return_layers=drafter.target_layers)
         length = jnp.asarray([t])
-        state = drafter.init_from_prefill(target, prompt, length, 32, pre)
+        state = drafter.init(target, prompt, length, 32, pre)
         tokens = jnp.zeros((1, 32), jnp.int32).at[:, :t].set(prompt)
-        tree = drafter.propose(state, Context(tokens, length, SamplingParams()), jax.random.key(0))[0]
+        tree = drafter.propose(state, Context(tokens, length, SamplingParams(), target), jax.random.key(0))[0]
         return tree.tokens[0, jnp.asarray([1, child])], jnp.concatenate([first, second])
 
     drafted, predicted = drafted_and_predicted(prompt)

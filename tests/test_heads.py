@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 
 import specjax as sj
 from specjax.drafters import Eagle, Medusa
-from specjax.drafters.heads import medusa_tree
+from specjax.drafters.sparse_tree import medusa_tree
 from specjax.heads import eagle as eh
 from specjax.heads import medusa as mh
 
@@ -313,8 +313,8 @@ def test_eagle_drafts_what_its_head_predicts(target):
 
     @jax.jit  # one compilation instead of many eager ops
     def first_tree(pre, tokens, length):
-        state = drafter.init_from_prefill(target, prompt, length, 32, pre)
-        return drafter.propose(state, Context(tokens, length, SamplingParams()), jax.random.key(0))[0]
+        state = drafter.init(target, prompt, length, 32, pre)
+        return drafter.propose(state, Context(tokens, length, SamplingParams(), target), jax.random.key(0))[0]
 
     tree = first_tree(pre, tokens, length)
     assert int(tree.tokens[0, 1]) == want and int(tree.parents[0, 1]) == 0

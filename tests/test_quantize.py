@@ -82,3 +82,27 @@ def test_quantized_model_saves_loads_and_generates(tmp_path):
     np.testing.assert_array_equal(sj.generate(again, [[1, 2, 3]], max_new_tokens=6).tokens, want)
     with pytest.raises(ValueError, match="quantized model in HF format"):
         sj.save(model, tmp_path / "hf", format="hf")
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_default_group_fits_the_shipped_model(mode):
+    """No group_size: each matrix takes the largest supported group dividing its K (the shipped
+    tiny's intermediate size 704 is not a multiple of 128), and the quantized model decodes."""
+    import specjax as sj
+    tiny = sj.load("tiny")
+    q = sj.quantize(tiny, mode)
+    k = tiny.config.intermediate_size
+    assert k % 128 != 0
+    down = q.params["layers"]["w_down"]
+    assert down.in_features == k and k % ((8 // down.bits) * down.group_size) == 0
+    assert down.group_size == max(g for g in (32, 64, 128) if k % ((8 // down.bits) * g) == 0)
+    assert q.params["layers"]["wq"].group_size == 128  # hidden size 256: both modes fit 128
+    out = sj.generate(q, [[1, 2, 3]], max_new_tokens=4)
+    assert out.num_tokens[0] == 4
+
+
+def test_default_group_names_a_matrix_no_group_fits():
+    from specjax.quantize import largest_group
+    assert largest_group(704, 8) == 64 and largest_group(704, 4) == 32 and largest_group(512, 4) == 128
+    with pytest.raises(ValueError, match="K = 48 is not a multiple of 64"):
+        largest_group(48, 4)

@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -261,14 +262,19 @@ def test_greedy_argmax_ties_to_lowest_token():
     assert int(v.num_accepted[0]) == 0 and int(v.next_token[0]) == 0
 
 
-def test_invalid_nodes_are_never_accepted():
-    tree = DraftTree.build(np.array([[0, 1, 2, 3]]), np.array([-1, 0, 1, 0]),
-                           q=jnp.full((1, 4, V), 1.0 / V), valid=np.array([[True, False, True, True]]))
-    tp = _one_hot_targets([1, 2, 0, 0])  # node 1 and its child 2 would match
-    for rule in (sv.Greedy(), sv.SpeculativeSampling(), sv.SpecInfer(), sv.RSD(), sv.SpecTr(),
-                 sv.TopK(), sv.Typical()):
-        v = jax.jit(rule)(tree, tp, key(0))
-        assert int(v.num_accepted[0]) == 0 and int(v.next_token[0]) == 1, type(rule).__name__
+class TestInvalidNodes(chex.TestCase):
+    """Each rule under jit and eagerly (chex.variants): the same verdict, and never an invalid node."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_invalid_nodes_are_never_accepted(self):
+        tree = DraftTree.build(np.array([[0, 1, 2, 3]]), np.array([-1, 0, 1, 0]),
+                               q=jnp.full((1, 4, V), 1.0 / V), valid=np.array([[True, False, True, True]]))
+        tp = _one_hot_targets([1, 2, 0, 0])  # node 1 and its child 2 would match
+        for rule in (sv.Greedy(), sv.SpeculativeSampling(), sv.SpecInfer(), sv.RSD(), sv.SpecTr(),
+                     sv.TopK(), sv.Typical()):
+            v = self.variant(rule)(tree, tp, key(0))
+            chex.assert_shape((v.path, v.num_accepted, v.next_token), [(1, tree.max_depth + 1), (1,), (1,)])
+            assert int(v.num_accepted[0]) == 0 and int(v.next_token[0]) == 1, type(rule).__name__
 
 
 def test_typical_accepts_likely_tokens_and_is_labelled_lossy():

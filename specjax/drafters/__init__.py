@@ -1,10 +1,13 @@
-"""Drafters: one class per method, each a pytree with pure init/propose/update."""
+"""Drafters: one class per method, each a pytree with pure init/propose/update; one module per
+family (base: the protocol and AR; sparse_tree: Medusa's static tree, shared by the head
+drafters; checkpoints of heads live in `specjax.convert.heads`)."""
 
 from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
-from specjax.drafters.heads import Eagle, Medusa
+from specjax.drafters.eagle import Eagle
 from specjax.drafters.lookahead import Lookahead
+from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.recycling import TokenRecycling

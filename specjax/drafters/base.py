@@ -4,13 +4,14 @@ A drafter is a frozen dataclass registered as a pytree: its settings are static 
 its arrays (a draft model's params, head weights) are pytree leaves, so it is passed to `jit`
 as an ordinary argument. Its three pure functions, optax-style:
 
-    state = drafter.init(target, prompts, lengths, cache_len)      # after the target's prefill
-                                        # (init_from_prefill also gets the prefill's hidden states)
+    state = drafter.init(target, prompts, lengths, cache_len, prefill)  # after the target's prefill
     tree, state = drafter.propose(state, ctx, key)                   # tree.tokens[:, 0] = root
     inject = drafter.injection(state, tree, positions)               # extra verify-pass inputs
     state = drafter.update(state, ctx, tree, verdict, target_out)   # after verify and commit
 
-`propose` returns the state too, because proposing may write a draft model's KV cache.
+`propose` returns the state too, because proposing may write a draft model's KV cache. The
+target itself comes in `ctx.model` (and to `init` as `target`), so a head drafter reads the
+target's embedding and LM head from there instead of carrying copies in its state.
 `injection` (None for most drafters) appends positions to the target's verify forward, for
 drafters that draft inside it (PPD, Hidden Transfer); `update` then sees their outputs after
 the tree's in `target_out`.
@@ -37,12 +38,14 @@ class Context(NamedTuple):
     tokens: int32[B, S], each row's committed tokens (prompt, then generated), padded with 0;
     length: int32[B], committed tokens per row; the root (not yet in the target's cache) is
       tokens[b, length[b] - 1];
-    sampling: the static SamplingParams, which drafters apply to their own logits too.
+    sampling: the static SamplingParams, which drafters apply to their own logits too;
+    model: the target Model being decoded (its params are the loop's, not a copy).
     """
 
     tokens: jax.Array
     length: jax.Array
     sampling: SamplingParams
+    model: Model | None = None
 
     @property
     def root(self) -> jax.Array:
@@ -81,15 +84,19 @@ class Drafter:
     def check(self, target: Model) -> None:
         """Raise a clear error if this drafter cannot serve `target` (host-side, before jit)."""
 
-    def init(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int) -> Any:
-        return ()
+    def chain(self, k: int) -> "Drafter":
+        """This drafter drafting a chain of k >= 1 tokens, for drivers that choose the length
+        each step (`specjax.adaptive`); its state must survive the steps it does not draft.
+        Chain drafters (DraftModel mode='chain', PromptLookup) override this."""
+        raise ValueError(f"adaptive speculation needs a chain drafter (DraftModel mode='chain' or "
+                         f"PromptLookup), got {self.name}")
 
-    def init_from_prefill(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int,
-                          prefill: ForwardOutput | None) -> Any:
-        """`init`, given the target's prefill output over prompts[:, :-1] (None for one-token
-        prompts): its `hidden` [B,T-1,E] and `layer_hidden` (the `target_layers`). Head drafters
-        override this to start from the prompt's hidden states; the rest ignore it."""
-        return self.init(target, prompts, lengths, cache_len)
+    def init(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int,
+             prefill: ForwardOutput | None = None) -> Any:
+        """The state after the target's prefill. `prefill`: the target's output over
+        prompts[:, :-1] (None for one-token prompts): its `hidden` [B,T-1,E] and `layer_hidden`
+        (the `target_layers`); head drafters start from it, the rest ignore it."""
+        return ()
 
     def propose(self, state, ctx: Context, key: jax.Array) -> tuple[DraftTree, Any]:
         raise NotImplementedError

@@ -114,6 +114,13 @@ class DraftModel(Drafter):
         return {"chain": verify.SpeculativeSampling(), "iid": verify.SpecTr(), "gumbel": verify.RSD(),
                 "beam": verify.RSD(), "topk": verify.TopK()}[self.mode]
 
+    def chain(self, k: int) -> "CatchUpDraftModel":
+        """A chain of k (mode 'chain' only), whose cache may fall behind: see CatchUpDraftModel."""
+        if self.mode != "chain":
+            return super().chain(k)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(DraftModel)}
+        return CatchUpDraftModel(**{**fields, "k": k})
+
     def check(self, target: Model) -> None:
         if self.draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocabulary ({self.draft.config.vocab_size}) differs from the "
@@ -121,7 +128,7 @@ class DraftModel(Drafter):
 
     # ---- the three functions -------------------------------------------------------------------
 
-    def init(self, target, prompts, lengths, cache_len):
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
         cfg = self.draft.config
         cache = KVCache.init(cfg, prompts.shape[0], cache_len)
         if prompts.shape[1] > 1:
@@ -219,3 +226,26 @@ def _truncated_gumbel(t, perturbed, z):
     v = t - perturbed + jnp.log(-jnp.expm1(jnp.minimum(perturbed - z, -1e-30)))
     out = t - jnp.maximum(v, 0) - jnp.log1p(jnp.exp(-jnp.abs(v)))
     return jnp.where(jnp.isfinite(perturbed), out, -jnp.inf)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class CatchUpDraftModel(DraftModel):
+    """A chain DraftModel whose cache may lag the committed tokens by any amount: `propose`
+    first feeds the missing tokens `chunk` at a time, then drafts as DraftModel does."""
+
+    chunk: int = dataclasses.field(default=16, metadata=dict(static=True))
+
+    def propose(self, cache: KVCache, ctx: Context, key):
+        cfg, params = self.draft.config, self.draft.params
+        limit = ctx.length - 1 - self.max_depth  # DraftModel.propose catches up <= max_depth + 1
+
+        def feed(c):
+            start = jnp.minimum(c.lengths, ctx.length - 1)
+            idx = jnp.clip(start[:, None] + jnp.arange(self.chunk)[None, :], 0, ctx.tokens.shape[1] - 1)
+            out = forward(cfg, params, jnp.take_along_axis(ctx.tokens, idx, axis=1),
+                          cache=c._replace(lengths=start), compute_logits=False)
+            return out.cache._replace(lengths=jnp.minimum(start + self.chunk, ctx.length - 1))
+
+        cache = jax.lax.while_loop(lambda c: jnp.any(c.lengths < limit), feed, cache)
+        return super().propose(cache, ctx, key)

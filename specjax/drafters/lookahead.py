@@ -121,7 +121,7 @@ class Lookahead(Drafter):
 
     # ---- the protocol ---------------------------------------------------------------------------
 
-    def init(self, target, prompts, lengths, cache_len):
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
         """An empty trie per row; the prompt goes in at the first `propose`."""
         b, m, q = jnp.shape(prompts)[0], self.max_nodes, self.max_query_length
         neg = jnp.full((b, m), -1, jnp.int32)

@@ -15,8 +15,9 @@ from typing import Callable
 from specjax.drafters.base import Drafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
-from specjax.drafters.heads import Eagle, Medusa
+from specjax.drafters.eagle import Eagle
 from specjax.drafters.lookahead import Lookahead
+from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.recycling import TokenRecycling

@@ -16,24 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import Context, Drafter, template_depth
-from specjax.drafters.heads import (
-    DEFAULT_RANKS,
-    HEAD_JSON,
-    HEAD_WEIGHTS,
-    SparseTree,
-    _read_tensors,
-    _resolve,
-    _save,
-    _unflatten,
-    medusa_tree,
-)
+from specjax.convert import heads as ckpt
+from specjax.drafters.base import Context, Drafter
+from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
 from specjax.heads import hidden_transfer as ht_head
 from specjax.heads import ppd as ppd_head
 from specjax.heads.guesses import GuessLayout, allocate
@@ -41,22 +31,16 @@ from specjax.models import Model
 from specjax.tree import DraftTree
 
 
-def _guess_prior(num_guesses: int, ranks: int = DEFAULT_RANKS) -> tuple[tuple[float, ...], ...]:
-    """A prior when nothing was measured: guess k's rank-r token is right with probability
-    0.4 * 0.6^k * 0.5^r (so about 1 time in 5 none of a depth's ranks is)."""
-    return tuple(tuple(0.4 * 0.6 ** k * 0.5 ** r for r in range(ranks)) for k in range(num_guesses))
-
-
 @functools.lru_cache(maxsize=64)
 def _guess_layout(accuracy: tuple, tree_size: int, budget: int, members: int) -> GuessLayout:
     """The guess positions of the sparse tree built from `accuracy`."""
-    parents, rank = medusa_tree(accuracy, tree_size)
-    counts = allocate(parents, rank, accuracy, budget, len(accuracy), members)
+    t = sparse_tree(accuracy, tree_size)
+    counts = allocate(t.parents, t.rank, accuracy, budget, len(accuracy), members)
     return GuessLayout.build(counts, len(accuracy), members)
 
 
 @dataclasses.dataclass(frozen=True)
-class _GuessDrafter(SparseTree, Drafter):
+class _GuessDrafter(Drafter):
     """Shared by PPD and HiddenTransfer. State: the last accepted node's guesses, as their
     best tokens int32[B, K, R], and how many of them it had, int32[B]."""
 
@@ -68,7 +52,7 @@ class _GuessDrafter(SparseTree, Drafter):
     kind = ""  # the checkpoint kind and shipped folder suffix
 
     def __post_init__(self):
-        super().__post_init__()
+        object.__setattr__(self, "accuracy", checked_accuracy(self.tree_size, self.accuracy))
         if not isinstance(self.guess_budget, int) or self.guess_budget < 1:
             raise ValueError(f"guess_budget must be an integer >= 1, got {self.guess_budget!r}")
         if self.guess_budget < self.members:
@@ -101,8 +85,17 @@ class _GuessDrafter(SparseTree, Drafter):
     # ---- the tree ------------------------------------------------------------------------------
 
     @property
-    def _prior(self):
-        return _guess_prior(self.num_guesses)
+    def _accuracy(self):
+        """The measured accuracy, or a prior: guess k's rank-r token right with probability
+        0.4 * 0.6^k * 0.5^r (so about 1 time in 5 none of a depth's ranks is)."""
+        return self.accuracy or geometric_prior(self.num_guesses, 0.4)
+
+    @property
+    def template(self) -> SparseTree:
+        return sparse_tree(self._accuracy, self.tree_size)
+
+    num_nodes = property(lambda self: self.tree_size)
+    max_depth = property(lambda self: self.template.max_depth)
 
     @property
     def layout(self) -> GuessLayout:
@@ -114,14 +107,13 @@ class _GuessDrafter(SparseTree, Drafter):
             raise ValueError(f"{self.name} weights are for hidden size {e}, but the target has hidden "
                              f"size {target.config.hidden_size}")
 
-    def init(self, target, prompts, lengths, cache_len):
-        b, ranks = prompts.shape[0], int(self._template[1].max()) + 1
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
+        b, ranks = prompts.shape[0], self.template.num_ranks
         return {"guesses": jnp.zeros((b, self.num_guesses, ranks), jnp.int32),
                 "count": jnp.zeros((b,), jnp.int32)}
 
     def propose(self, state, ctx: Context, key):
-        parents, rank = self._template
-        depth = template_depth(parents)
+        parents, rank, depth = self.template.parents, self.template.rank, self.template.depth
         d = np.maximum(depth[1:] - 1, 0)
         drafted = state["guesses"][:, d, np.maximum(rank[1:], 0)]  # [B, N-1]
         tokens = jnp.concatenate([ctx.root[:, None], drafted], axis=1)
@@ -141,22 +133,16 @@ class _GuessDrafter(SparseTree, Drafter):
 
     def save(self, folder) -> None:
         """Write the specjax format: head.json + head.safetensors."""
-        _save(folder, self.kind, self.params, {"tree_size": self.tree_size, "guess_budget": self.guess_budget,
-                                               "accuracy": self.accuracy, **self._meta()})
+        meta = {"tree_size": self.tree_size, "guess_budget": self.guess_budget, "accuracy": self.accuracy}
+        ckpt.save_head(folder, self.kind, self.params, {**meta, **self._meta()})
 
     @classmethod
     def load(cls, path, **settings):
         """A specjax head folder or 'tiny' (the heads shipped for the tiny target)."""
-        p = _resolve(path, f"tiny-{cls.kind}")
-        if not (p / HEAD_JSON).is_file():
-            raise FileNotFoundError(f"{p}: no {HEAD_JSON} (a {cls.kind} head folder holds {HEAD_JSON} "
-                                    f"and {HEAD_WEIGHTS})")
-        meta = json.loads((p / HEAD_JSON).read_text())
-        if meta.get("kind") != cls.kind:
-            raise ValueError(f"{p} holds a {meta.get('kind')!r} head, not {cls.kind}")
-        meta["accuracy"] = tuple(map(tuple, meta["accuracy"])) if meta.get("accuracy") else None
+        params, meta = ckpt.read_head(ckpt.resolve_head(path, f"tiny-{cls.kind}"), cls.kind, cls.kind)
+        meta["accuracy"] = ckpt.accuracy_table(meta)
         kw = {k: v for k, v in meta.items() if k != "kind"}
-        return cls(_unflatten(_read_tensors(p / HEAD_WEIGHTS, False)), **{**kw, **settings})
+        return cls(params, **{**kw, **settings})
 
 
 @jax.tree_util.register_dataclass

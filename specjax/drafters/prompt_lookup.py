@@ -35,6 +35,9 @@ class PromptLookup(Drafter):
         if self.num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {self.num_tokens}")
 
+    def chain(self, k: int) -> "PromptLookup":
+        return dataclasses.replace(self, num_tokens=k)
+
     @property
     def num_nodes(self) -> int:
         return self.num_tokens + 1

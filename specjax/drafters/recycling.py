@@ -135,7 +135,7 @@ class TokenRecycling(Drafter):
                 raise ValueError(f"adj must be an int array [V, topk] = [{v}, {self.topk}], "
                                  f"got {self.adj.dtype}{list(self.adj.shape)}")
 
-    def init(self, target, prompts, lengths, cache_len):
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
         """adj int32[B, V, topk]: the hot start (or empty), then the prompt bigrams."""
         b, t = prompts.shape
         v = target.config.vocab_size

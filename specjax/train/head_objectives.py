@@ -180,7 +180,7 @@ class Medusa1Objective(_HeadObjective):
     def export(self, params, out_dir):
         """Heads (and, for Medusa-2, the tuned target under target/) with the per-rank held-out
         accuracies that build the drafter's tree."""
-        from specjax.drafters.heads import Medusa
+        from specjax.drafters.medusa import Medusa
 
         acc = self._measured_accuracy(params)
         tp, hp = self._split(params)
@@ -256,7 +256,7 @@ class EagleObjective(_HeadObjective):
         return _rank_metrics([(d, jnp.argmax(tl, -1)) for d, tl in zip(draft, target)])
 
     def export(self, params, out_dir):
-        from specjax.drafters.heads import Eagle
+        from specjax.drafters.eagle import Eagle
 
         h = self.heads
         Eagle(jax.tree.map(np.asarray, params), self.head_config, top_k=h.top_k, depth=h.depth,

@@ -127,6 +127,19 @@ def test_sharded_stream_equals_one_device(target, one_device):
     assert got == want.tokens[0, : want.num_tokens[0]].tolist()
 
 
+def test_sharded_adaptive_equals_one_device(target, drafters, one_device):
+    """The adaptive loop lays the batch and its variants out on the model's mesh as generate
+    does (3 ragged rows padded to 4 over 'data'); greedy output is AR's."""
+    from specjax import adaptive
+    ad = adaptive.Adaptive(drafters["prompt-lookup"])
+    cal = adaptive.Calibration(np.array([1.0, 0.5, 0.5, 0.5]), np.full(4, 0.9))  # predicts a win
+    want = one_device("ar")
+    got = adaptive.generate(sj.shard(target, mesh(4, 2)), RAGGED, ad, max_new_tokens=16, calibration=cal)
+    assert got.stats["speculated"]
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.num_tokens, want.num_tokens)
+
+
 def test_sharded_checkpoints_restore_onto_another_mesh(target, tmp_path):
     sj.save(sj.shard(target, mesh(2, 4)), tmp_path / "model")
     moved = sj.load(tmp_path / "model", mesh=mesh(4, 2))

@@ -1,0 +1,255 @@
+"""Draft-head checkpoints: the specjax format (a folder with `head.json` — kind, shapes,
+settings — and `head.safetensors`) and the published layouts the head drafters also read:
+Medusa's `medusa_lm_head.safetensors` and EAGLE-1 / EAGLE-3 folders (`config.json` +
+`model.safetensors`). Pickles (`.pt`/`.bin`/`.pth`) only with `allow_pickle=True`. 'tiny' names
+the heads shipped for the tiny target (`specjax/assets/tiny-<kind>`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.convert import resolve
+from specjax.heads.eagle import EagleConfig
+from specjax.models import Model
+
+HEAD_JSON, HEAD_WEIGHTS = "head.json", "head.safetensors"
+PICKLES = (".pt", ".bin", ".pth")
+
+
+# ---- the specjax format --------------------------------------------------------------------------
+
+def flatten(params: dict, prefix: str = "") -> dict:
+    """Nested params -> {"a.b.c": numpy array}."""
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = np.asarray(v)
+    return out
+
+
+def unflatten(flat: dict) -> dict:
+    """{"a.b.c": array} -> nested params of jax arrays."""
+    out: dict = {}
+    for k, v in flat.items():
+        *path, leaf = k.split(".")
+        d = out
+        for p in path:
+            d = d.setdefault(p, {})
+        d[leaf] = jnp.asarray(v)
+    return out
+
+
+def save_head(folder, kind: str, params: dict, meta: dict) -> None:
+    """Write a head in the specjax format: head.json ({"kind": kind, **meta}) + head.safetensors."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    flat = {k: np.ascontiguousarray(v) for k, v in flatten(params).items()}
+    save_file(flat, str(folder / HEAD_WEIGHTS))
+    (folder / HEAD_JSON).write_text(json.dumps({"kind": kind, **meta}, indent=2) + "\n")
+
+
+def is_head_folder(path: Path) -> bool:
+    """Whether `path` is a specjax-format head folder."""
+    return path.is_dir() and (path / HEAD_JSON).is_file()
+
+
+def read_head(folder: Path, kind: str, what: str) -> tuple[dict, dict]:
+    """(params, meta) of the specjax-format head of `kind` in `folder` (`what` names it in errors)."""
+    if not is_head_folder(folder):
+        raise FileNotFoundError(f"{folder}: not a {what} head folder (no {HEAD_JSON}; a head folder "
+                                f"holds {HEAD_JSON} and {HEAD_WEIGHTS})")
+    meta = json.loads((folder / HEAD_JSON).read_text())
+    if meta.get("kind") != kind:
+        raise ValueError(f"{folder} holds a {meta.get('kind')!r} head, not {what}")
+    return unflatten(read_tensors(folder / HEAD_WEIGHTS, False)), meta
+
+
+def accuracy_table(meta: dict) -> tuple | None:
+    """A saved per-depth per-rank accuracy table as nested tuples (None when absent)."""
+    return tuple(map(tuple, meta["accuracy"])) if meta.get("accuracy") else None
+
+
+def resolve_head(path: str | os.PathLike, shipped: str) -> Path:
+    """'tiny' -> the shipped head folder `shipped` (resolved as `specjax.convert.resolve` resolves
+    the shipped models); an existing file or folder -> itself."""
+    if str(path) == "tiny":
+        folder = resolve(shipped)
+        if not (folder / HEAD_JSON).is_file():
+            raise FileNotFoundError(f"the shipped heads {folder} are not there (not built yet? see "
+                                    f"train/make_heads.sh)")
+        return folder
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no head checkpoint at {str(path)!r}")
+    return p
+
+
+# ---- tensors -------------------------------------------------------------------------------------
+
+def read_tensors(path: Path, allow_pickle: bool) -> dict:
+    """{name: float32/int numpy array} from a safetensors file, or a torch pickle if allowed."""
+    if path.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+        try:
+            return load_file(str(path))
+        except Exception:  # bfloat16 has no numpy dtype: read through torch
+            from safetensors.torch import load_file as load_torch
+            return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
+                    for k, v in load_torch(str(path)).items()}
+    if path.suffix in PICKLES:
+        if not allow_pickle:
+            raise ValueError(f"{path} is a pickle, which can run arbitrary code when loaded; pass "
+                             f"allow_pickle=True if you trust it (or convert it to safetensors)")
+        import torch
+        sd = torch.load(str(path), map_location="cpu", weights_only=False)
+        return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in sd.items()}
+    raise ValueError(f"{path}: unknown checkpoint format (expected .safetensors, or .pt/.bin with "
+                     f"allow_pickle=True)")
+
+
+def pick(folder: Path, names: tuple[str, ...], allow_pickle: bool) -> Path:
+    """The first of `names` in `folder`; pickles only with `allow_pickle` (a folder holding only
+    a pickle is an error that says how to opt in)."""
+    skipped = []
+    for n in names:
+        if (folder / n).is_file():
+            if Path(n).suffix in PICKLES and not allow_pickle:
+                skipped.append(n)
+                continue
+            return folder / n
+    if skipped:
+        read_tensors(folder / skipped[0], allow_pickle)  # raises: a pickle, not allowed
+    raise FileNotFoundError(f"{folder}: no head checkpoint found (looked for {HEAD_JSON} and "
+                            f"{', '.join(names)})")
+
+
+def _require(sd: dict, keys, what: str) -> None:
+    missing = [k for k in keys if k not in sd]
+    if missing:
+        raise KeyError(f"{what} checkpoint is missing key(s): {', '.join(missing)}")
+
+
+# ---- published layouts ---------------------------------------------------------------------------
+
+def medusa_from_state_dict(sd: dict) -> tuple[dict, int]:
+    """Medusa's published keys `{i}.{j}.linear.weight/bias` (j < L) and `{i}.{L}.weight` (torch
+    [out, in]) -> (params, L)."""
+    heads = sorted({int(m.group(1)) for k in sd if (m := re.match(r"(\d+)\.\d+\.", k))})
+    if not heads:
+        raise KeyError(f"no Medusa head keys ('{{i}}.0.linear.weight', ...) among: {sorted(sd)[:8]}")
+    layers = len({int(m.group(1)) for k in sd if (m := re.match(r"0\.(\d+)\.linear\.weight$", k))})
+    if layers == 0:
+        raise KeyError("Medusa checkpoint is missing key(s): 0.0.linear.weight")
+    k = max(heads) + 1
+    need = [f"{i}.{j}.linear.{w}" for i in range(k) for j in range(layers) for w in ("weight", "bias")]
+    need += [f"{i}.{layers}.weight" for i in range(k)]
+    _require(sd, need, "Medusa")
+    w1, b1, w2 = [], [], []
+    for i in range(k):
+        for j in range(1, layers):
+            if not np.array_equal(sd[f"{i}.{j}.linear.weight"], sd[f"{i}.0.linear.weight"]):
+                raise ValueError("Medusa ResBlocks with distinct weights per layer are not supported "
+                                 "(Medusa's own heads share one ResBlock across layers)")
+        w1.append(np.asarray(sd[f"{i}.0.linear.weight"], np.float32).T)
+        b1.append(np.asarray(sd[f"{i}.0.linear.bias"], np.float32))
+        w2.append(np.asarray(sd[f"{i}.{layers}.weight"], np.float32).T)
+    e = w1[0].shape[0]
+    for i in range(k):
+        if w1[i].shape != (e, e) or b1[i].shape != (e,) or w2[i].shape[0] != e or w2[i].shape != w2[0].shape:
+            raise ValueError(f"Medusa head {i} has inconsistent shapes: linear {w1[i].shape[::-1]}, "
+                             f"bias {b1[i].shape}, lm head {w2[i].shape[::-1]} (hidden size {e})")
+    return {"w1": jnp.asarray(np.stack(w1)), "b1": jnp.asarray(np.stack(b1)),
+            "w2": jnp.asarray(np.stack(w2))}, layers
+
+
+
+_EAGLE_LAYER = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+                "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+                "w_down": "mlp.down_proj"}
+
+
+def eagle_from_state_dict(sd: dict, hf: dict, target: Model | None = None,
+                          target_layers=None) -> tuple[dict, EagleConfig]:
+    """EAGLE-1 keys (`fc.weight`, `fc.bias`, `layers.0.*` without input_layernorm,
+    `embed_tokens.weight`) or EAGLE-3 keys (`fc.weight`, `midlayer.*`, `norm.weight`,
+    `lm_head.weight`, optional `d2t` offsets) + the head's HF config -> (params, EagleConfig)."""
+    version = 3 if any(k.startswith("midlayer.") for k in sd) else 1
+    pre = "midlayer." if version == 3 else "layers.0."
+    need = ["fc.weight"] + [f"{pre}{v}.weight" for v in _EAGLE_LAYER.values()]
+    need.append(f"{pre}post_attention_layernorm.weight")
+    need += ["fc.bias"] if version == 1 else [f"{pre}input_layernorm.weight", f"{pre}hidden_norm.weight",
+                                              "norm.weight", "lm_head.weight"]
+    _require(sd, need, f"EAGLE-{version}")
+    f32 = lambda k: np.asarray(sd[k], np.float32)
+    e = f32("fc.weight").shape[0]
+    heads = hf.get("num_attention_heads")
+    if heads is None:
+        raise KeyError("the EAGLE config.json has no num_attention_heads")
+    hd = hf.get("head_dim") or e // heads
+    vocab = int(hf.get("vocab_size", sd.get("embed_tokens.weight", np.zeros((0, 0))).shape[0]))
+    if version == 3:
+        layers = target_layers
+        if layers is None and target is not None:
+            layers = EagleConfig.for_target(target.config, 3).target_layers
+        if layers is None:
+            raise ValueError("EAGLE-3 checkpoints do not say which target layers they fuse: pass "
+                             "target_layers=(low, mid, high) or target=... to Eagle.load")
+    else:
+        layers = ()
+    cfg = EagleConfig(version=version, hidden_size=e, intermediate_size=f32(f"{pre}mlp.gate_proj.weight").shape[0],
+                      num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hd,
+                      vocab_size=vocab, draft_vocab_size=hf.get("draft_vocab_size") or None,
+                      target_hidden_size=hf.get("target_hidden_size") or None, target_layers=tuple(layers),
+                      rope_theta=float(hf.get("rope_theta", 10000.0)), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                      max_position_embeddings=int(hf.get("max_position_embeddings", 2048)))
+    width = e if version == 1 else 2 * e
+    fc_in = 2 * e if version == 1 else 3 * cfg.target_hidden_size
+    if f32("fc.weight").shape != (e, fc_in):
+        raise ValueError(f"EAGLE-{version} fc.weight has shape {f32('fc.weight').shape}, expected "
+                         f"{(e, fc_in)} (hidden size {e}, target hidden size {cfg.target_hidden_size})")
+    layer = {ours: f32(f"{pre}{theirs}.weight").T for ours, theirs in _EAGLE_LAYER.items()}
+    expect = {"wq": (width, heads * hd), "wk": (width, cfg.num_kv_heads * hd), "wv": (width, cfg.num_kv_heads * hd),
+              "wo": (heads * hd, e), "w_gate": (e, cfg.intermediate_size), "w_up": (e, cfg.intermediate_size),
+              "w_down": (cfg.intermediate_size, e)}
+    for name, shape in expect.items():
+        if layer[name].shape != shape:
+            raise ValueError(f"EAGLE-{version} {pre}{_EAGLE_LAYER[name]}.weight has shape "
+                             f"{layer[name].shape[::-1]}, expected {shape[::-1]} for hidden size {e}")
+    layer["mlp_norm"] = f32(f"{pre}post_attention_layernorm.weight")
+    params = {"fc_w": f32("fc.weight").T, "layer": layer}
+    if version == 1:
+        params["fc_b"] = f32("fc.bias")
+    else:
+        layer["attn_norm"] = f32(f"{pre}input_layernorm.weight")
+        layer["hidden_norm"] = f32(f"{pre}hidden_norm.weight")
+        params["norm"] = f32("norm.weight")
+        params["lm_head"] = f32("lm_head.weight").T
+        if params["lm_head"].shape != (e, cfg.draft_vocab_size):
+            raise ValueError(f"EAGLE-3 lm_head.weight has shape {params['lm_head'].shape[::-1]}, expected "
+                             f"{(cfg.draft_vocab_size, e)}")
+        if "d2t" in sd:
+            ids = np.arange(cfg.draft_vocab_size) + np.asarray(sd["d2t"], np.int64)
+            if cfg.draft_vocab_size != cfg.vocab_size or np.any(ids != np.arange(cfg.vocab_size)):
+                if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+                    raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {cfg.vocab_size})")
+                params["d2t"] = ids.astype(np.int32)
+        elif cfg.draft_vocab_size != cfg.vocab_size:
+            raise KeyError(f"EAGLE-3 checkpoint is missing key(s): d2t (draft vocabulary "
+                           f"{cfg.draft_vocab_size} != target vocabulary {cfg.vocab_size})")
+    if "embed_tokens.weight" in sd:
+        emb = f32("embed_tokens.weight")
+        if emb.shape != (vocab, e):
+            raise ValueError(f"embed_tokens.weight has shape {emb.shape}, expected {(vocab, e)}")
+        params["embed"] = emb
+    return jax.tree.map(jnp.asarray, params), cfg

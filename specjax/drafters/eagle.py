@@ -1,0 +1,204 @@
+"""The EAGLE drafter: an EAGLE-1 or EAGLE-3 draft layer (`specjax.heads.eagle`) growing
+EAGLE-2's dynamic tree from the target's features. Trees are deterministic top-k expansions
+(q = None): Greedy is exact at temperature 0 and TopK when sampling. Checkpoints, including the
+published EAGLE-1 / EAGLE-3 layouts: `specjax.convert.heads`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.convert import heads as ckpt
+from specjax.drafters import feature_cache
+from specjax.drafters.base import Context, Drafter
+from specjax.heads import eagle as eagle_head
+from specjax.heads.eagle import EagleConfig
+from specjax.models import Model, lm_head_weight
+from specjax.tree import DraftTree
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Eagle(Drafter):
+    """An EAGLE-1 or EAGLE-3 head (see `specjax.heads.eagle`) drafting EAGLE-2's dynamic tree:
+    `depth` expansion steps of the `top_k` best beams (top_k children each), then the
+    `total_tokens - 1` nodes of highest cumulative draft log-probability, parents first.
+
+    The head keeps its own one-layer KV cache: entry j reads the target's feature at position j
+    and the token j+1; each propose first feeds the entries committed since the last one (the
+    accepted path's features, handed over by `update`), then grows the tree."""
+
+    params: dict
+    config: EagleConfig = dataclasses.field(metadata=dict(static=True))
+    top_k: int = dataclasses.field(default=6, metadata=dict(static=True))
+    depth: int = dataclasses.field(default=5, metadata=dict(static=True))
+    total_tokens: int = dataclasses.field(default=32, metadata=dict(static=True))
+
+    def __post_init__(self):
+        for n in ("top_k", "depth", "total_tokens"):
+            if not isinstance(getattr(self, n), int) or getattr(self, n) < 1:
+                raise ValueError(f"{n} must be an integer >= 1, got {getattr(self, n)!r}")
+        cands = self.top_k + (self.depth - 1) * self.top_k ** 2
+        if not 2 <= self.total_tokens <= cands + 1:
+            raise ValueError(f"total_tokens={self.total_tokens} must be in [2, {cands + 1}] for "
+                             f"top_k={self.top_k}, depth={self.depth} ({cands} candidate nodes)")
+
+    @property
+    def name(self) -> str:
+        return "eagle" if self.config.version == 1 else "eagle3"
+
+    @property
+    def num_nodes(self) -> int:
+        return self.total_tokens
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    @property
+    def target_layers(self) -> tuple[int, ...]:
+        return self.config.target_layers
+
+    def check(self, target: Model) -> None:
+        c, h = target.config, self.config
+        if c.hidden_size != h.target_hidden_size:
+            raise ValueError(f"EAGLE head is for a target of hidden size {h.target_hidden_size}, but "
+                             f"the target has hidden size {c.hidden_size}")
+        if c.vocab_size != h.vocab_size:
+            raise ValueError(f"EAGLE head is for a vocabulary of {h.vocab_size}, but the target's "
+                             f"vocabulary has {c.vocab_size}")
+        if "embed" not in self.params and h.hidden_size != c.hidden_size:
+            raise ValueError(f"EAGLE head of hidden size {h.hidden_size} has no embedding of its own "
+                             f"and the target's has size {c.hidden_size}")
+        bad = [i for i in h.target_layers if not 0 <= i < c.num_layers]
+        if bad:
+            raise ValueError(f"EAGLE-3 target_layers {h.target_layers} out of range for a "
+                             f"{c.num_layers}-layer target")
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def _feature(self, hidden, layer_hidden):
+        return eagle_head.target_feature(self.config, self.params, hidden, layer_hidden)
+
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
+        f = None if prefill is None else self._feature(prefill.hidden, prefill.layer_hidden)  # [B, T-1, E]
+        cache = eagle_head.init_cache(self.config, prompts.shape[0], cache_len)
+        return feature_cache.start(functools.partial(self._entries, target), cache,
+                                   (self.depth + 1, self.config.hidden_size), f, prompts, lengths)
+
+    def update(self, state, ctx, tree, verdict, target_out):
+        hidden = feature_cache.on_path(target_out.hidden, verdict.path)  # [B, D+1, E]
+        lh = target_out.layer_hidden
+        layers = None if lh is None else jax.vmap(feature_cache.on_path, (0, None))(lh, verdict.path)
+        return {**state, "feats": self._feature(hidden, layers)}
+
+    def _entries(self, target: Model, feats, tokens, pos, mask, cache):
+        """The draft layer on new cache entries (a `feature_cache.Run`, given the target)."""
+        emb = eagle_head.embed(self.params, target.params["embed"], tokens)
+        h, k, v = eagle_head.step(self.config, self.params, emb, feats, pos, cache, mask)
+        return h, eagle_head.write(cache, k, v)
+
+    # ---- propose -------------------------------------------------------------------------------
+
+    def propose(self, state, ctx: Context, key):
+        cfg, params = self.config, self.params
+        cache, embed_w = state["cache"], ctx.model.params["embed"]
+        head_w = lm_head_weight(ctx.model.config, ctx.model.params) if cfg.version == 1 else None
+        b = ctx.tokens.shape[0]
+        k, depth, n = self.top_k, self.depth, self.total_tokens
+        emb = lambda tok: eagle_head.embed(params, embed_w, tok)
+        draft_logp = lambda h: jnp.maximum(jax.nn.log_softmax(eagle_head.logits(cfg, params, h, head_w), -1), -1e4)
+
+        # 1. catch up: entries [dc, length - 1) read the features of the accepted path.
+        run = functools.partial(self._entries, ctx.model)
+        cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
+
+        # 2. expand: the top_k beams, top_k children each, for `depth` levels.
+        lp, tk = jax.lax.top_k(draft_logp(h_root)[:, 0], k)  # [B, k]
+        cand_tok, cand_par, cand_score = [tk], [jnp.full((b, k), -1, jnp.int32)], [lp]
+        beam_tok, beam_score, beam_cand = tk, lp, jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
+        beam_feat = jnp.broadcast_to(h_root, (b, k, cfg.hidden_size))
+        m = (depth - 1) * k
+        ent_tok = jnp.zeros((b, max(m, 1)), jnp.int32)
+        ent_feat = jnp.zeros((b, max(m, 1), cfg.hidden_size), jnp.float32)
+        ent_anc = jnp.zeros((b, max(m, 1), max(m, 1)), bool)
+        beam_entry = jnp.full((b, k), -1, jnp.int32)  # the entry that produced each beam (-1: root)
+        rows = jnp.arange(b)[:, None]
+        offset = k
+        for s in range(1, depth):
+            new = np.arange((s - 1) * k, s * k)
+            own = jax.nn.one_hot(jnp.asarray(new), max(m, 1), dtype=bool)[None]  # [1, k, M]
+            parent_anc = jnp.where((beam_entry >= 0)[:, :, None],
+                                   ent_anc[rows, jnp.maximum(beam_entry, 0)], False)
+            ent_anc = ent_anc.at[:, new].set(parent_anc | own)
+            ent_tok = ent_tok.at[:, new].set(beam_tok)
+            ent_feat = ent_feat.at[:, new].set(beam_feat)
+            e = s * k
+            ent_depth = jnp.asarray(np.repeat(np.arange(1, s + 1), k), jnp.int32)
+            pos = feature_cache.root_entry(ctx.length)[:, None] + ent_depth[None, :]
+            out, _, _ = eagle_head.step(cfg, params, emb(ent_tok[:, :e]), ent_feat[:, :e], pos, cache,
+                                        ent_anc[:, :e, :e])
+            out = out[:, (s - 1) * k: e]  # [B, k, E]
+            clp, ctok = jax.lax.top_k(draft_logp(out), k)  # [B, k, k]
+            score = (beam_score[:, :, None] + clp).reshape(b, k * k)
+            cand_tok.append(ctok.reshape(b, k * k))
+            cand_par.append(jnp.repeat(beam_cand, k, axis=1))
+            cand_score.append(score)
+            beam_score, best = jax.lax.top_k(score, k)
+            beam_tok = jnp.take_along_axis(ctok.reshape(b, k * k), best, axis=1)
+            beam_cand = offset + best.astype(jnp.int32)
+            beam_entry = (s - 1) * k + (best // k).astype(jnp.int32)
+            beam_feat = jnp.take_along_axis(out, (best // k)[:, :, None], axis=1)
+            offset += k * k
+
+        # 3. rerank: the n - 1 best candidates (parents score strictly higher or tie at a lower
+        #    index, and top_k prefers lower indices), sorted so that parents come first.
+        cand_tok, cand_par = jnp.concatenate(cand_tok, 1), jnp.concatenate(cand_par, 1)
+        cand_score = jnp.concatenate(cand_score, 1)
+        sel = jnp.sort(jax.lax.top_k(cand_score, n - 1)[1], axis=1)  # [B, n-1]
+        node_of = jnp.zeros((b, cand_tok.shape[1]), jnp.int32).at[rows, sel].set(
+            jnp.arange(1, n, dtype=jnp.int32)[None, :])
+        par_cand = jnp.take_along_axis(cand_par, sel, axis=1)
+        parents = jnp.where(par_cand < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par_cand, 0), axis=1))
+        tokens = jnp.concatenate([ctx.root[:, None], jnp.take_along_axis(cand_tok, sel, axis=1)], 1)
+        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), parents], 1)
+        tree = DraftTree.build(tokens, parents, max_depth=depth)
+        return tree, {**state, "cache": cache}
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def save(self, folder) -> None:
+        """Write the specjax format: head.json + head.safetensors."""
+        meta = {"config": self.config.to_dict(), "top_k": self.top_k, "depth": self.depth,
+                "total_tokens": self.total_tokens}
+        ckpt.save_head(folder, "eagle", self.params, meta)
+
+    @classmethod
+    def load(cls, path, *, target: Model | None = None, target_layers=None, allow_pickle: bool = False,
+             **settings) -> "Eagle":
+        """A specjax head folder, 'tiny', or a published EAGLE-1 / EAGLE-3 folder (`config.json`
+        + `model.safetensors`, or `pytorch_model.bin` with allow_pickle=True). EAGLE-3
+        checkpoints do not record which target layers they fuse: pass `target_layers` or the
+        `target` (EAGLE-3's default taps). With `target`, the head is checked against it."""
+        p = ckpt.resolve_head(path, "tiny-eagle")
+        if ckpt.is_head_folder(p):
+            params, meta = ckpt.read_head(p, "eagle", "EAGLE")
+            kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens") if k in meta}
+            d = cls(params, EagleConfig.from_dict(meta["config"]), **{**kw, **settings})
+        else:
+            folder = p if p.is_dir() else p.parent
+            file = ckpt.pick(p, ("model.safetensors", "pytorch_model.bin"), allow_pickle) if p.is_dir() else p
+            if not (folder / "config.json").is_file():
+                raise FileNotFoundError(f"{folder}: a published EAGLE head needs its config.json")
+            hf = json.loads((folder / "config.json").read_text())
+            sd = ckpt.read_tensors(file, allow_pickle)
+            params, cfg = ckpt.eagle_from_state_dict(sd, hf, target, target_layers)
+            d = cls(params, cfg, **settings)
+        if target is not None:
+            d.check(target)
+        return d
