@@ -106,14 +106,17 @@ def test_training_lowers_the_loss_and_raises_accuracy(code_corpus):
     from specjax.train.data import eval_windows, load_streams
     from specjax.train.export import export
     from specjax.train.loop import train
+    from specjax.train.loop import held_out, score_function
     from specjax.train.objectives import make_objective
+    from specjax.train.target import load_target
 
     cfg = head_config(code_corpus, "clover", steps=30)
     cfg = dataclasses.replace(cfg, heads=dataclasses.replace(cfg.heads, feature_weight=10.0, ce_weight=1.0,
                                                              decay=0.7, block_layers=1))
-    obj = make_objective("clover", cfg.model, cfg)
+    obj, target = make_objective(cfg), load_target(cfg)
     _, val = load_streams(cfg.data)
-    before = obj.evaluate(obj.init(jax.random.PRNGKey(0)), eval_windows(val, 17, 16), 4)
+    before = held_out(score_function(obj, 0), obj.init(jax.random.PRNGKey(0), target), eval_windows(val, 17, 16), 4,
+                      target)
     result = train(cfg, progress=False)
     records = [json.loads(line) for line in (code_corpus / "run-clover" / "metrics.jsonl").read_text().splitlines()]
     first = next(r["step0_kl"] for r in records if r["split"] == "train")
@@ -123,5 +126,5 @@ def test_training_lowers_the_loss_and_raises_accuracy(code_corpus):
     # The init already copies the target's last layer, so the heads start well above chance.
     assert sum(after["top5"]) > sum(before["top5"]) + 0.15, (before, after)
     export(cfg, code_corpus / "export-clover")
-    loaded = Clover.load(code_corpus / "export-clover", target=obj.target)
+    loaded = Clover.load(code_corpus / "export-clover", target=target)
     assert len(loaded.accuracy) == 2 and loaded.tree_size == 6 and loaded.config.num_heads == 2

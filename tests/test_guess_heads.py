@@ -102,13 +102,15 @@ def test_training_lowers_the_loss(code_corpus, objective):
     from specjax.train.export import export
     from specjax.train.loop import train
     from specjax.train.objectives import make_objective
+    from specjax.train.target import load_target
 
     cfg = head_config(code_corpus, objective, steps=30)
     cfg = dataclasses.replace(cfg, heads=dataclasses.replace(cfg.heads, ensemble=2))
-    obj = make_objective(objective, cfg.model, cfg)
-    batch = jnp.asarray(eval_windows(load_streams(cfg.data)[1], 17, 16))
-    kl = lambda params: sum(float(v) for k, v in obj.loss_fn(params, batch)[1].items() if k.endswith("_kl"))
-    before = kl(obj.init(jax.random.key(0)))
+    obj, target = make_objective(cfg), load_target(cfg)
+    batch = {"tokens": jnp.asarray(eval_windows(load_streams(cfg.data)[1], 17, 16))}
+    kl = lambda params: sum(float(v) for k, v in obj.loss(params, batch, jax.random.key(0), target)[1].items()
+                            if k.endswith("_kl"))
+    before = kl(obj.init(jax.random.key(0), target))
     result = train(cfg, progress=False)
     assert kl(result["params"]) < 0.85 * before, (before, result["train"])
     assert len(result["val"]["top1"]) == cfg.heads.num_guesses

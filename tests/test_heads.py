@@ -327,6 +327,12 @@ def corpus(code_corpus):
     return code_corpus
 
 
+HEAD_SETTINGS = {"medusa": {"num_heads": 2, "own_lm_head": True, "tree_size": 6},
+                 "eagle": {"target_layers": [0, 1, 3], "top_k": 2, "depth": 3, "total_tokens": 6},
+                 "clover": {"num_heads": 2, "tree_size": 6}, "ppd": {"tree_size": 6},
+                 "hidden-transfer": {"tree_size": 6}}
+
+
 def head_config(root, objective, steps):
     from specjax.train.config import from_dict
 
@@ -339,9 +345,8 @@ def head_config(root, objective, steps):
         "optim": {"lr": 1e-2, "warmup_steps": 2, "weight_decay": 0.0},
         "train": {"out": str(root / f"run-{objective}"), "batch_size": 4, "log_every": 1,
                   "eval_every": 1000, "save_every": 1000, "steps": steps, "objective": objective},
-        "heads": {"target": "random", "num_heads": 2, "own_lm_head": True,
-                  "ttt_steps": 3 if objective == "eagle3" else 1, "target_layers": [0, 1, 3],
-                  "top_k": 2, "depth": 3, "total_tokens": 6, "tree_size": 6},
+        "heads": {"target": "random", **HEAD_SETTINGS[objective.rstrip("123")],
+                  **({"ttt_steps": 3} if objective == "eagle3" else {})},
     })
 
 
@@ -350,12 +355,15 @@ def test_training_lowers_the_loss_and_raises_accuracy(corpus, objective):
     from specjax.train.data import eval_windows, load_streams
     from specjax.train.export import export
     from specjax.train.loop import train
+    from specjax.train.loop import held_out, score_function
     from specjax.train.objectives import make_objective
+    from specjax.train.target import load_target
 
     cfg = head_config(corpus, objective, steps=30)
-    obj = make_objective(objective, cfg.model, cfg)
+    obj, target = make_objective(cfg), load_target(cfg)
     _, val = load_streams(cfg.data)
-    before = obj.evaluate(obj.init(jax.random.PRNGKey(0)), eval_windows(val, 17, 16), 4)
+    before = held_out(score_function(obj, 0), obj.init(jax.random.PRNGKey(0), target), eval_windows(val, 17, 16), 4,
+                      target)
     result = train(cfg, progress=False)
     records = [json.loads(line) for line in (corpus / f"run-{objective}" / "metrics.jsonl").read_text().splitlines()]
     # EAGLE's CE to the target's distribution is bounded below by its entropy: track the KL.
@@ -373,6 +381,25 @@ def test_training_lowers_the_loss_and_raises_accuracy(corpus, objective):
         assert len(loaded.accuracy) == 2 and loaded.tree_size == 6  # measured, for the tree
     else:
         assert loaded.config.version == (3 if objective == "eagle3" else 1)
+
+
+@pytest.mark.parametrize("objective", ["eagle", "eagle3"])
+def test_eagle_objectives_take_cached_target_features(corpus, objective):
+    """A batch carrying the target's features and logits (computed once, e.g. offline) gives
+    the loss of the plain token batch; the key only drives EAGLE-1's feature noise."""
+    from specjax.train.objectives import make_objective
+    from specjax.train.objectives import eagle as eagle_objective
+    from specjax.train.target import load_target
+
+    cfg = head_config(corpus, objective, steps=1)
+    obj, target = make_objective(cfg), load_target(cfg)
+    tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, cfg.model.vocab_size)
+    params = obj.init(jax.random.key(0), target)
+    head = eagle_objective.head_config(cfg.heads, 1 if objective == "eagle" else 3, target)
+    cached = {"tokens": tokens, **eagle_objective.target_pass(head, target, tokens)}
+    loss = lambda batch, seed: float(obj.loss(params, batch, jax.random.key(seed), target)[0])
+    np.testing.assert_allclose(loss(cached, 0), loss({"tokens": tokens}, 0), rtol=1e-6)
+    assert (loss(cached, 0) != loss(cached, 1)) == (objective == "eagle")
 
 
 @pytest.mark.parametrize("name", ["medusa", "eagle", "clover", "ppd", "hidden-transfer"])

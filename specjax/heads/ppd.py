@@ -4,7 +4,7 @@ target, prompt token j predicts the token j + 1 steps ahead (see `specjax.heads.
 Only their embeddings are trained: params {"prompt": [K, members, E]}.
 
 Follows the official code (hmarkc/parallel-prompt-decoding): the "ensemble" attention mask,
-mean aggregation of the members' logits, the KD loss of `specjax.train.head_objectives`.
+mean aggregation of the members' logits, the KD loss of `specjax.train.objectives.guesses`.
 """
 
 from __future__ import annotations

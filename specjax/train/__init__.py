@@ -1,9 +1,10 @@
-"""Training: `python -m specjax.train --config FILE`. Config, data, objectives, loop,
-checkpoints and export, one module each."""
+"""Training: `python -m specjax.train --config FILE`. Config, data, objectives, the frozen
+target, loop, checkpoints and export, one module each (objectives: one per family)."""
 
 from specjax.train.config import Config, load_config
 from specjax.train.export import export
 from specjax.train.loop import train
-from specjax.train.objectives import LMObjective, Objective
+from specjax.train.objectives import Objective, make_objective
+from specjax.train.objectives.lm import lm
 
-__all__ = ["Config", "LMObjective", "Objective", "export", "load_config", "train"]
+__all__ = ["Config", "Objective", "export", "lm", "load_config", "make_objective", "train"]

@@ -60,45 +60,16 @@ class TrainConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadsConfig:
-    """Draft-head training (objectives medusa1, medusa2, eagle, eagle3, clover, ppd, hidden-transfer; see
-    specjax/train/head_objectives.py). [model] is then the target's config."""
-
-    target: str = "tiny"  # the frozen target: a folder, a shipped name, or "random" (tests)
-    num_heads: int = 4  # Medusa heads / Clover heads trained (head 0 and num_heads - 1 RNN steps)
-    num_layers: int = 1  # ResBlocks per Medusa head
-    own_lm_head: bool = False  # Medusa: a W2 per head (True) or the target's LM head (False)
-    decay: float = 0.8  # weight decay^k of head k / TTT step k (Clover-2: 0.7)
-    heads_coefficient: float = 0.2  # Medusa-2: weight of the head losses next to the LM loss
-    lr_multiplier: float = 4.0  # Medusa-2: the heads' learning-rate multiplier
-    ttt_steps: int = 1  # EAGLE: draft steps unrolled in training (EAGLE-3: 3 or more)
-    target_layers: tuple[int, ...] = ()  # EAGLE-3 taps (default: EAGLE-3's rule)
-    intermediate_size: int = 0  # EAGLE layer's MLP width (0: the target's)
-    feature_weight: float = 1.0  # EAGLE-1 / Clover: SmoothL1 feature regression weight (Clover-2: 10)
-    ce_weight: float = 0.1  # EAGLE-1 / Clover: cross-entropy to the target's distribution (Clover-2: 1)
-    noise: float = 0.1  # EAGLE-1: uniform input-feature noise U(-noise, noise)
-    num_guesses: int = 3  # PPD prompt tokens / Hidden Transfer offsets
-    ensemble: int = 1  # PPD: virtual tokens per prompt token (ensemble prompt tokens)
-    transfer_layer: int = 0  # Hidden Transfer: the layer pseudo states enter (0: the middle one)
-    guess_budget: int = 8  # PPD / Hidden Transfer: exported guess positions per verify pass
-    block_layers: int = 2  # Clover: decoder layers of the Augmenting Block
-    tree_size: int = 16  # exported Medusa / Clover / PPD / Hidden Transfer tree size
-    top_k: int = 6  # exported EAGLE-2 tree settings
-    depth: int = 5
-    total_tokens: int = 32
-
-
-@dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelConfig
     data: DataConfig
     optim: OptimConfig
     train: TrainConfig
-    heads: HeadsConfig = HeadsConfig()
+    heads: Any = None  # the objective's [heads] settings (specjax.train.objectives); None for lm
 
 
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
-             "heads": HeadsConfig}
+             "heads": None}  # [heads]: the settings type of the run's objective
 
 
 def parse_value(text: str) -> Any:
@@ -122,19 +93,28 @@ def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
 
 
 def from_dict(raw: dict) -> Config:
-    """Build a Config, naming unknown sections, unknown keys and missing keys."""
+    """Build a Config, naming unknown sections, unknown keys and missing keys. [heads] holds
+    the settings of the draft-head objective [train] names (and only then)."""
+    from specjax.train.objectives import settings_type
+
     unknown = set(raw) - set(_SECTIONS)
     if unknown:
         raise ValueError(f"unknown config section(s): {', '.join(sorted(unknown))}; "
                          f"expected {', '.join(_SECTIONS)}")
-    for name, cls in _SECTIONS.items():
+    objective = raw.get("train", {}).get("objective", TrainConfig.objective)
+    sections = {**_SECTIONS, "heads": settings_type(objective)}
+    if sections["heads"] is None:
+        if "heads" in raw:
+            raise ValueError(f"[heads] is for the draft-head objectives, not {objective!r}")
+        del sections["heads"]
+    for name, cls in sections.items():
         known = [f.name for f in dataclasses.fields(cls)]
         bad = set(raw.get(name, {})) - set(known)
         if bad:
             raise ValueError(f"unknown key(s) in [{name}]: {', '.join(sorted(bad))}; "
                              f"known: {', '.join(known)}")
     built = {}
-    for name, cls in _SECTIONS.items():
+    for name, cls in sections.items():
         values = dict(raw.get(name, {}))
         fields = {f.name: f for f in dataclasses.fields(cls)}
         missing = [f for f, spec in fields.items() if f not in values
@@ -175,6 +155,8 @@ def to_dict(config: Config) -> dict:
     """A plain (JSON/TOML-able) dict of the config."""
     out = {}
     for name in _SECTIONS:
+        if getattr(config, name) is None:
+            continue
         d = dataclasses.asdict(getattr(config, name))
         out[name] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items() if v is not None}
     return out

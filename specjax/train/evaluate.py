@@ -16,7 +16,7 @@ from specjax.models import ModelConfig, forward
 from specjax.train.config import load_config
 from specjax.train.data import eval_windows, load_streams
 from specjax.train.export import load_trained_params
-from specjax.train.loop import evaluate
+from specjax.train.loop import held_out, score_function
 from specjax.train.objectives import make_objective
 from specjax.train.tokenizer import EOT, load_tokenizer
 
@@ -55,8 +55,7 @@ def main(argv=None) -> None:
         params, step = load_trained_params(cfg)
         _, val = load_streams(cfg.data)
         windows = eval_windows(val, cfg.data.seq_len + 1, args.windows)
-        loss_fn = jax.jit(make_objective(cfg.train.objective, cfg.model).loss_fn)
-        m = evaluate(loss_fn, params, windows, cfg.train.batch_size)
+        m = held_out(score_function(make_objective(cfg), cfg.train.seed), params, windows, cfg.train.batch_size)
         n = sum(x.size for x in jax.tree.leaves(params))
         name = Path(cfg.train.out).name
         print(f"| {name} | {n / 1e6:.2f}M | {step} | {m['loss']:.4f} | {m['ppl']:.2f} |")

@@ -1,23 +1,26 @@
-"""Export: the latest checkpoint of a run -> an HF folder (config.json, model.safetensors,
-tokenizer.json, tokenizer_config.json) that transformers' Auto classes load."""
+"""Export: the latest checkpoint of a run -> what its objective writes: an HF folder
+(config.json, model.safetensors, tokenizer files) that transformers' Auto classes load for
+`lm`, a head folder for the draft-head objectives."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import jax
 
 from specjax.train.checkpoint import Checkpointer
 from specjax.train.config import Config
-from specjax.train.loop import make_optimizer
+from specjax.train.data import eval_windows, load_streams
+from specjax.train.loop import held_out, make_optimizer, score_function
 from specjax.train.objectives import make_objective
+from specjax.train.target import load_target
 
 
-def load_trained_params(config: Config) -> tuple[dict, int]:
-    """(params, step) of the latest checkpoint in `config.train.out`."""
-    objective = make_objective(config.train.objective, config.model, config)
-    params = jax.eval_shape(objective.init, jax.random.PRNGKey(0))
+def load_trained_params(config: Config, target=None) -> tuple[dict, int]:
+    """(params, step) of the latest checkpoint in `config.train.out`; `target` is the run's
+    frozen target (`load_target`), which shapes a head's parameters."""
+    objective = make_objective(config)
+    params = jax.eval_shape(objective.init, jax.random.PRNGKey(0), target)
     optimizer, _ = make_optimizer(config.optim, config.train.steps)
     opt_state = jax.eval_shape(optimizer.init, params)
     ckpt = Checkpointer(Path(config.train.out) / "checkpoints")
@@ -30,12 +33,19 @@ def load_trained_params(config: Config) -> tuple[dict, int]:
 
 
 def export(config: Config, out_dir: str | Path) -> int:
-    """Write the trained model and its tokenizer to `out_dir`; returns the exported step."""
-    params, step = load_trained_params(config)
+    """Write the trained model or head to `out_dir`; returns the exported step. Heads built
+    from measured accuracies measure them on 8 batches of held-out windows."""
+    target = load_target(config)
+    params, step = load_trained_params(config, target)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    objective = make_objective(config.train.objective, config.model, config)
-    objective.export(params, out)
-    for name in ("tokenizer.json", "tokenizer_config.json") if getattr(objective, "has_tokenizer", True) else ():
-        shutil.copy(Path(config.data.tokenizer) / name, out / name)
+    objective = make_objective(config)
+
+    def measured() -> dict:
+        _, val = load_streams(config.data)
+        windows = eval_windows(val, config.data.seq_len + 1, 8 * config.train.batch_size)
+        return held_out(score_function(objective, config.train.seed), params, windows, config.train.batch_size,
+                        target)
+
+    objective.export(params, out, target, measured)
     return step

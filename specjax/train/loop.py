@@ -7,7 +7,6 @@ data RNG state), so the resumed run draws the same batches a straight run would.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -26,7 +25,8 @@ from specjax.train.checkpoint import Checkpointer
 from specjax.train.config import Config, OptimConfig, to_dict
 from specjax.train.data import WindowSampler, eval_windows, load_streams
 from specjax.train.metrics import MetricsLog, plot_curves
-from specjax.train.objectives import make_objective
+from specjax.train.objectives import Objective, make_objective
+from specjax.train.target import load_target
 from specjax.train.tokenizer import build_tokenizer
 
 
@@ -43,36 +43,48 @@ def make_optimizer(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTr
     ), schedule
 
 
-@functools.lru_cache(maxsize=8)
-def compiled_functions(objective, optim: OptimConfig, total_steps: int, head_dim: int | None = None):
-    """(train_step, eval_loss, schedule), jitted once per setting so that repeated runs in one
-    process (resume, tests) reuse the compiled step. Under a mesh (`jax.set_mesh`) the step
-    returns params and optimizer state in the layout `init_state` gives them."""
-    optimizer, schedule = make_optimizer(optim, total_steps)
+def step_function(objective: Objective, optimizer: optax.GradientTransformation, seed: int,
+                  head_dim: int | None = None):
+    """The jitted train step (params, opt_state, batch, step, target) -> (params, opt_state,
+    metrics); the loss's key is folded from `seed` and the step, so a resumed run draws the same
+    keys. Under a mesh (`jax.set_mesh`) it returns params and optimizer state in the layout
+    `init_state` gives them."""
 
     @jax.jit
-    def train_step(params, opt_state, batch):
-        (_, metrics), grads = jax.value_and_grad(objective.loss_fn, has_aux=True)(params, batch)
+    def train_step(params, opt_state, batch, step, target):
+        key = jax.random.fold_in(jax.random.key(seed), step)
+        (_, metrics), grads = jax.value_and_grad(objective.loss, has_aux=True)(params, batch, key, target)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         metrics["grad_norm"] = optax.tree.norm(grads)
         state = sharding.constrain((optax.apply_updates(params, updates), opt_state), head_dim=head_dim, fsdp=True)
         return *state, metrics
 
-    return train_step, jax.jit(objective.loss_fn), schedule
+    return train_step
 
 
-def init_state(objective, optimizer: optax.GradientTransformation, key: jax.Array, mesh=None,
-               head_dim: int | None = None) -> tuple:
+def score_function(objective: Objective, seed: int):
+    """The jitted held-out score of one batch: (params, batch, target) -> (loss, metrics)."""
+
+    @jax.jit
+    def score(params, batch, target):
+        loss, _ = objective.loss(params, batch, jax.random.key(seed), target)
+        return loss, objective.evaluate(params, batch, target)
+
+    return score
+
+
+def init_state(objective: Objective, optimizer: optax.GradientTransformation, key: jax.Array, target=None,
+               mesh=None, head_dim: int | None = None) -> tuple:
     """(params, opt_state); on a `mesh`, built straight into their shards: tensor parallel over
     'model' and FSDP over 'data' (specjax.sharding; `head_dim` keeps attention heads whole)."""
-    def init(key):
-        params = objective.init(key)
+    def init(key, target):
+        params = objective.init(key, target)
         return params, optimizer.init(params)
 
     if mesh is None:
-        return init(key)
-    out = sharding.shardings(jax.eval_shape(init, key), mesh, head_dim=head_dim, fsdp=True)
-    return jax.jit(init, out_shardings=out)(key)
+        return init(key, target)
+    out = sharding.shardings(jax.eval_shape(init, key, target), mesh, head_dim=head_dim, fsdp=True)
+    return jax.jit(init, out_shardings=out)(key, target)
 
 
 class _StopFlag:
@@ -93,16 +105,18 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def evaluate(loss_fn, params, windows: np.ndarray, batch_size: int) -> dict:
-    """Mean loss (and perplexity) over windows, in full batches plus one remainder batch."""
-    total, count = 0.0, 0
+def held_out(score, params, windows: np.ndarray, batch_size: int, target=None) -> dict:
+    """Mean loss, perplexity and the objective's held-out metrics (`score_function`) over
+    windows, in full batches plus one remainder batch."""
+    sums, count = {}, 0
     for i in range(0, len(windows), batch_size):
         chunk = windows[i:i + batch_size]
-        loss, _ = loss_fn(params, jnp.asarray(chunk))
-        total += float(loss) * len(chunk)
+        loss, metrics = jax.device_get(score(params, {"tokens": jnp.asarray(chunk)}, target))
+        for k, v in {"loss": loss, **metrics}.items():
+            sums[k] = sums.get(k, 0.0) + np.asarray(v, np.float64) * len(chunk)
         count += len(chunk)
-    loss = total / count
-    return {"loss": loss, "ppl": math.exp(loss)}
+    out = {k: (v / count).tolist() for k, v in sums.items()}
+    return {**out, "ppl": math.exp(out["loss"])}
 
 
 def train(config: Config, *, resume: bool = False, progress: bool = True,
@@ -113,7 +127,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     tc = config.train
     out = Path(tc.out)
     out.mkdir(parents=True, exist_ok=True)
-    objective = make_objective(tc.objective, config.model, config)
+    objective, target = make_objective(config), load_target(config)
     if not (Path(config.data.tokenizer) / "tokenizer.json").is_file():
         print(f"no tokenizer in {config.data.tokenizer}: training one on the {config.data.corpus} corpus", flush=True)
         build_tokenizer(config.data.tokenizer, config.data.corpus, config.data.held_out, config.model.vocab_size)
@@ -125,8 +139,11 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     if mesh is not None and tc.batch_size % mesh.shape[sharding.DATA]:
         raise ValueError(f"batch_size {tc.batch_size} does not split over the mesh's "
                          f"{mesh.shape[sharding.DATA]}-way 'data' axis")
-    params, opt_state = init_state(objective, make_optimizer(config.optim, tc.steps)[0],
-                                   jax.random.PRNGKey(tc.seed), mesh, config.model.head_dim)
+    if mesh is not None and target is not None:  # the frozen target, laid out once over the mesh
+        target = sharding.shard(target, mesh, head_dim=config.model.head_dim)
+    optimizer, schedule = make_optimizer(config.optim, tc.steps)
+    params, opt_state = init_state(objective, optimizer, jax.random.PRNGKey(tc.seed), target, mesh,
+                                   config.model.head_dim)
     ckpt = Checkpointer(out / "checkpoints", keep=tc.keep_checkpoints)
     step = 0
     if ckpt.latest_step() is not None:
@@ -143,16 +160,15 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
         print(f"resumed from step {step} of {tc.steps} ({out / 'checkpoints'})", flush=True)
     n_params = sum(x.size for x in jax.tree.leaves(params))
 
-    train_step, eval_loss, schedule = compiled_functions(objective, config.optim, tc.steps, config.model.head_dim)
+    train_step = step_function(objective, optimizer, tc.seed, config.model.head_dim)
+    score = score_function(objective, tc.seed)
 
     def save():
         ckpt.save(step, {"params": params, "opt_state": opt_state},
                   {"step": step, "data_rng": sampler.state()})
 
     def run_eval():
-        m = evaluate(eval_loss, params, val, tc.batch_size)
-        if hasattr(objective, "evaluate"):  # draft heads: per-head top-1/top-5 accuracy
-            m.update(objective.evaluate(params, val, tc.batch_size))
+        m = held_out(score, params, val, tc.batch_size, target)  # draft heads: per-head accuracies too
         log.write({"split": "val", "step": step, **m})
         return m
 
@@ -163,9 +179,9 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     t_last, step_last = time.perf_counter(), step
     with _StopFlag() as stop:
         while step < tc.steps and stop.signum is None:
-            batch = sharding.shard_batch(mesh, sampler.next(tc.batch_size))
+            batch = {"tokens": sharding.shard_batch(mesh, sampler.next(tc.batch_size))}
             with sharding.use_mesh(mesh):  # traced for the mesh: the state keeps its layout
-                params, opt_state, metrics = train_step(params, opt_state, batch)
+                params, opt_state, metrics = train_step(params, opt_state, batch, step, target)
             step += 1
             bar.update(1)
             if step % tc.log_every == 0 or step == tc.steps:
