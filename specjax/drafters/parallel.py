@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -40,47 +41,45 @@ def _guess_layout(accuracy: tuple, tree_size: int, budget: int, members: int) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class _GuessDrafter(Drafter):
-    """Shared by PPD and HiddenTransfer. State: the last accepted node's guesses, as their
-    best tokens int32[B, K, R], and how many of them it had, int32[B]."""
+class Guesses:
+    """What one kind of guess drafter hangs from the tree's nodes: `count` guesses of `members`
+    positions each, entering before decoder layer `layer`; `make(layout)` maps the nodes'
+    stream entering that layer to the guesses' (`GuessLayout.injection`)."""
+
+    count: int
+    members: int
+    layer: int
+    make: Callable[[GuessLayout], Callable]
+
+
+@dataclasses.dataclass(frozen=True)
+class GuessDrafter(Drafter):
+    """The drafter of PPD and HiddenTransfer, which differ only in `guesses()`, the one thing
+    each gives. State: the last accepted node's guesses, as their best tokens int32[B, K, R],
+    and how many of them it had, int32[B]."""
 
     params: dict
     tree_size: int = dataclasses.field(default=8, metadata=dict(static=True))
     guess_budget: int = dataclasses.field(default=8, metadata=dict(static=True))
     accuracy: tuple | None = dataclasses.field(default=None, metadata=dict(static=True))
 
-    kind = ""  # the checkpoint kind and shipped folder suffix
+    def guesses(self) -> Guesses:
+        raise NotImplementedError
 
     def __post_init__(self):
         object.__setattr__(self, "accuracy", checked_accuracy(self.tree_size, self.accuracy))
+        g = self.guesses()
         if not isinstance(self.guess_budget, int) or self.guess_budget < 1:
             raise ValueError(f"guess_budget must be an integer >= 1, got {self.guess_budget!r}")
-        if self.guess_budget < self.members:
+        if self.guess_budget < g.members:
             raise ValueError(f"guess_budget={self.guess_budget} cannot hold one guess of "
-                             f"{self.members} ensemble members")
-        if self.accuracy is not None and len(self.accuracy) != self.num_guesses:
-            raise ValueError(f"accuracy has {len(self.accuracy)} rows for {self.num_guesses} guesses")
-
-    # ---- what subclasses define ----------------------------------------------------------------
-
-    @property
-    def num_guesses(self) -> int:
-        raise NotImplementedError
+                             f"{g.members} ensemble members")
+        if self.accuracy is not None and len(self.accuracy) != g.count:
+            raise ValueError(f"accuracy has {len(self.accuracy)} rows for {g.count} guesses")
 
     @property
     def members(self) -> int:
-        return 1
-
-    @property
-    def layer(self) -> int:
-        """The decoder layer the guesses enter before."""
-        raise NotImplementedError
-
-    def _make(self, layout: GuessLayout):
-        raise NotImplementedError
-
-    def _meta(self) -> dict:
-        return {}
+        return self.guesses().members
 
     # ---- the tree ------------------------------------------------------------------------------
 
@@ -88,7 +87,7 @@ class _GuessDrafter(Drafter):
     def _accuracy(self):
         """The measured accuracy, or a prior: guess k's rank-r token right with probability
         0.4 * 0.6^k * 0.5^r (so about 1 time in 5 none of a depth's ranks is)."""
-        return self.accuracy or geometric_prior(self.num_guesses, 0.4)
+        return self.accuracy or geometric_prior(self.guesses().count, 0.4)
 
     @property
     def template(self) -> SparseTree:
@@ -109,7 +108,7 @@ class _GuessDrafter(Drafter):
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
         b, ranks = prompts.shape[0], self.template.num_ranks
-        return {"guesses": jnp.zeros((b, self.num_guesses, ranks), jnp.int32),
+        return {"guesses": jnp.zeros((b, self.guesses().count, ranks), jnp.int32),
                 "count": jnp.zeros((b,), jnp.int32)}
 
     def propose(self, state, ctx: Context, key):
@@ -121,7 +120,8 @@ class _GuessDrafter(Drafter):
         return DraftTree.build(tokens, parents, valid=valid, max_depth=self.max_depth), state
 
     def injection(self, state, tree, positions):
-        return self.layout.injection(self.layer, self._make(self.layout), tree.ancestors, positions)
+        g = self.guesses()
+        return self.layout.injection(g.layer, g.make(self.layout), tree.ancestors, positions)
 
     def update(self, state, ctx, tree, verdict, target_out):
         last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]
@@ -132,14 +132,14 @@ class _GuessDrafter(Drafter):
     # ---- checkpoints ---------------------------------------------------------------------------
 
     def save(self, folder) -> None:
-        """Write the specjax format: head.json + head.safetensors."""
-        meta = {"tree_size": self.tree_size, "guess_budget": self.guess_budget, "accuracy": self.accuracy}
-        ckpt.save_head(folder, self.kind, self.params, {**meta, **self._meta()})
+        """Write the specjax format: head.json (the settings) + head.safetensors."""
+        meta = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "params"}
+        ckpt.save_head(folder, self.name, self.params, meta)
 
     @classmethod
     def load(cls, path, **settings):
         """A specjax head folder or 'tiny' (the heads shipped for the tiny target)."""
-        params, meta = ckpt.read_head(ckpt.resolve_head(path, f"tiny-{cls.kind}"), cls.kind, cls.kind)
+        params, meta = ckpt.read_head(ckpt.resolve_head(path, f"tiny-{cls.name}"), cls.name, cls.name)
         meta["accuracy"] = ckpt.accuracy_table(meta)
         kw = {k: v for k, v in meta.items() if k != "kind"}
         return cls(params, **{**kw, **settings})
@@ -147,32 +147,20 @@ class _GuessDrafter(Drafter):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class PPD(_GuessDrafter):
+class PPD(GuessDrafter):
     """Parallel Prompt Decoding: trained prompt tokens (see `specjax.heads.ppd`) appended to
     the tree's nodes in the verify pass."""
 
     name = "ppd"
-    kind = "ppd"
 
-    @property
-    def num_guesses(self) -> int:
-        return ppd_head.shape(self.params)[0]
-
-    @property
-    def members(self) -> int:
-        return ppd_head.shape(self.params)[1]
-
-    @property
-    def layer(self) -> int:
-        return 0
-
-    def _make(self, layout):
-        return ppd_head.make(self.params, layout)
+    def guesses(self) -> Guesses:
+        count, members, _ = ppd_head.shape(self.params)
+        return Guesses(count, members, 0, functools.partial(ppd_head.make, self.params))
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class HiddenTransfer(_GuessDrafter):
+class HiddenTransfer(GuessDrafter):
     """Hidden Transfer: pseudo hidden states made at `transfer_layer` from each node's state
     (see `specjax.heads.hidden_transfer`), finished by the target's later layers in the verify
     pass."""
@@ -180,20 +168,15 @@ class HiddenTransfer(_GuessDrafter):
     transfer_layer: int = dataclasses.field(default=1, metadata=dict(static=True))
 
     name = "hidden-transfer"
-    kind = "hidden-transfer"
 
     def __post_init__(self):
         super().__post_init__()
         if not isinstance(self.transfer_layer, int) or self.transfer_layer < 1:
             raise ValueError(f"transfer_layer must be an integer >= 1, got {self.transfer_layer!r}")
 
-    @property
-    def num_guesses(self) -> int:
-        return ht_head.shape(self.params)[0]
-
-    @property
-    def layer(self) -> int:
-        return self.transfer_layer
+    def guesses(self) -> Guesses:
+        return Guesses(ht_head.shape(self.params)[0], 1, self.transfer_layer,
+                       functools.partial(ht_head.make, self.params))
 
     def check(self, target: Model) -> None:
         super().check(target)
@@ -201,11 +184,5 @@ class HiddenTransfer(_GuessDrafter):
             raise ValueError(f"transfer_layer={self.transfer_layer} must be below the target's "
                              f"{target.config.num_layers} layers")
 
-    def _make(self, layout):
-        return ht_head.make(self.params, layout)
 
-    def _meta(self) -> dict:
-        return {"transfer_layer": self.transfer_layer}
-
-
-__all__ = ["PPD", "HiddenTransfer"]
+__all__ = ["PPD", "HiddenTransfer", "GuessDrafter", "Guesses"]

@@ -42,9 +42,9 @@ import jax.numpy as jnp
 from specjax.models import KVCache, ModelConfig, RopeScaling
 from specjax.models import param_shapes as model_param_shapes
 from specjax.models.llama import (
-    _attention_block,
-    _mlp_block,
+    attention_block,
     dense,
+    mlp_block,
     rms_norm,
     rope_inv_freq,
 )
@@ -159,10 +159,10 @@ def block(cfg: CloverConfig, params: dict, hidden: jax.Array, emb: jax.Array, po
     ks, vs = [], []
     for i in range(c.num_layers):
         lp = {name: w[i] for name, w in params["block"].items()}
-        a, k, v = _attention_block(c, lp, rms_norm(x, lp["attn_norm"], c.rms_norm_eps), positions, mask,
+        a, k, v = attention_block(c, lp, rms_norm(x, lp["attn_norm"], c.rms_norm_eps), positions, mask,
                                    cache.k[i], cache.v[i], cache.lengths, inv_freq)
         x = x + a
-        x = x + _mlp_block(lp, rms_norm(x, lp["mlp_norm"], c.rms_norm_eps))
+        x = x + mlp_block(lp, rms_norm(x, lp["mlp_norm"], c.rms_norm_eps))
         ks.append(k)
         vs.append(v)
     return rms_norm(x, params["norm"], c.rms_norm_eps), jnp.stack(ks), jnp.stack(vs)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models import KVCache, ModelConfig
-from specjax.models.llama import (_attention_block, _mlp_block, apply_rope, dense, random_params,
+from specjax.models.llama import (apply_rope, attention_block, dense, mlp_block, random_params,
                                   rms_norm, rope_inv_freq)
 
 
@@ -155,7 +155,7 @@ def _inputs(cfg, params, emb, feat):
 
 def _finish(cfg, lp, residual, attn_out):
     h = residual + attn_out
-    return h + _mlp_block(lp, rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps))
+    return h + mlp_block(lp, rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps))
 
 
 def step(cfg: EagleConfig, params: dict, emb: jax.Array, feat: jax.Array, positions: jax.Array,
@@ -165,7 +165,7 @@ def step(cfg: EagleConfig, params: dict, emb: jax.Array, feat: jax.Array, positi
     Returns (output features [B,T,E], k_new, v_new [B,T,KV,hd])."""
     lp = params["layer"]
     x, residual = _inputs(cfg, params, emb, feat)
-    attn, k, v = _attention_block(cfg.layer, lp, x, positions, tree_mask, cache.k[0], cache.v[0],
+    attn, k, v = attention_block(cfg.layer, lp, x, positions, tree_mask, cache.k[0], cache.v[0],
                                   cache.lengths, rope_inv_freq(cfg.layer))
     return _finish(cfg, lp, residual, attn), k, v
 

@@ -168,7 +168,7 @@ def layer_rope_and_windows(config: ModelConfig):
                           jnp.int32)
 
 
-def _attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
+def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
                      window=None):
     """Self-attention of one layer; returns (output, k_new, v_new). `window` (scalar, may be
     traced) limits the cache slots seen; the tree mask must already hold it."""
@@ -196,7 +196,7 @@ def _attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, leng
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 
 
-def _mlp_block(lp, x, hidden_act="silu"):
+def mlp_block(lp, x, hidden_act="silu"):
     gate = _ACTIVATIONS[hidden_act](dense(x, lp["w_gate"]))
     return dense(gate * dense(x, lp["w_up"]), lp["w_down"])
 
@@ -253,12 +253,12 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
             x = jax.lax.cond(index == inject.layer,
                              lambda x: x.at[:, t:].set(inject.make(x[:, :t]).astype(x.dtype)), lambda x: x, x)
         mask = tree_mask if window is None else tree_mask & (distance < window)
-        h, k_new, v_new = _attention_block(c, lp, _norm(c, x, lp["attn_norm"]), positions, mask,
+        h, k_new, v_new = attention_block(c, lp, _norm(c, x, lp["attn_norm"]), positions, mask,
                                            k_layer, v_layer, lengths, inv_freq, window)
         if c.sandwich_norms:
             h = _norm(c, h, lp["post_attn_norm"])
         x = x + h
-        h = _mlp_block(lp, _norm(c, x, lp["mlp_norm"]), c.hidden_act)
+        h = mlp_block(lp, _norm(c, x, lp["mlp_norm"]), c.hidden_act)
         if c.sandwich_norms:
             h = _norm(c, h, lp["post_mlp_norm"])
         x = x + h
