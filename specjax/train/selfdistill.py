@@ -6,7 +6,8 @@ learn what they will draft. Then its features are cached once (`train.features`)
 
 Layout of --out: `prompts.jsonl` (the rows), `answers/` (shards: `tokens` prompt + answer ids
 packed with `offsets`, `answer_start` per sequence, `prompt_index`, `temperature`),
-`features/` (see `train.features`), `progress.jsonl` (one line per finished shard). Prompts
+`features/` (see `train.features`), `progress.jsonl` (one line per finished shard: wall and
+CPU seconds, tokens). Prompts
 are sorted by length into batches (little padding); shard i samples at temperature
 `temperatures[i % len]` with a key from the seed and i, so every shard is reproducible and a
 rerun after a kill resumes where it stopped."""
@@ -82,7 +83,7 @@ def generate_answers(model, tokenizer, cfg: DistillConfig, progress: bool = True
     bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="answers", unit="shard",
                disable=not progress, dynamic_ncols=True)
     for i in todo:
-        t0, temperature = time.perf_counter(), cfg.temperatures[i % len(cfg.temperatures)]
+        t0, cpu0, temperature = time.perf_counter(), time.process_time(), cfg.temperatures[i % len(cfg.temperatures)]
         prompts = [ids[j] for j in plan[i]]
         res = sj.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
                           key=jax.random.fold_in(jax.random.key(cfg.seed), i),
@@ -94,7 +95,8 @@ def generate_answers(model, tokenizer, cfg: DistillConfig, progress: bool = True
                                        "prompt_index": plan[i].astype(np.int32),
                                        "temperature": np.float32(temperature)})
         seconds, new = time.perf_counter() - t0, int(res.num_tokens.sum())
-        _log(out, {"stage": "answers", "shard": int(i), "seconds": round(seconds, 2), "new_tokens": new,
+        _log(out, {"stage": "answers", "shard": int(i), "seconds": round(seconds, 2),
+                   "cpu_seconds": round(time.process_time() - cpu0, 2), "new_tokens": new,
                    "prompt_tokens": int(sum(map(len, prompts))), "temperature": temperature})
         bar.set_postfix(tok_s=f"{new / seconds:.1f}")
         bar.update()
