@@ -58,13 +58,8 @@ class BenchConfig:
 def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> list[tuple[str, list[int]]]:
     """(category, token ids) per prompt: a row with turns in the chat template when the
     tokenizer has one, the raw text otherwise."""
-    from specjax.bench.prompts import chat_messages, prompt_set, raw_text
-    chat = tokenizer.chat_template is not None
-    out = []
-    for r in prompt_set(cfg.prompts, cfg.num_prompts):
-        ids = tokenizer.chat(chat_messages(r)) if chat and r["turns"] else tokenizer.encode(raw_text(r))
-        out.append((r["category"], list(ids)))
-    return out
+    from specjax.bench.prompts import prompt_ids, prompt_set
+    return [(r["category"], prompt_ids(tokenizer, r)) for r in prompt_set(cfg.prompts, cfg.num_prompts)]
 
 
 def _groups(prompts: list[tuple[str, list[int]]], batch: int) -> list[tuple[str, list[list[int]]]]:

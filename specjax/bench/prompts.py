@@ -135,6 +135,14 @@ def raw_text(row: dict) -> str:
     return "\n\n".join(m["content"] for m in chat_messages(row))
 
 
+def prompt_ids(tokenizer, row: dict) -> list[int]:
+    """A row's token ids: its turns through the chat template when the tokenizer has one, the
+    raw text otherwise."""
+    if tokenizer.chat_template is not None and row["turns"]:
+        return list(tokenizer.chat(chat_messages(row)))
+    return list(tokenizer.encode(raw_text(row)))
+
+
 def benchmark_prompt_texts() -> list[str]:
     """Every text of the real-model benchmark sets (HumanEval and the chat set: turns, replies,
     raw prompts), for a training-data test to check that none of it is trained on."""

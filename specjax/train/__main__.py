@@ -1,6 +1,8 @@
 """`python -m specjax.train --config FILE [--steps N] [--out DIR] [--resume] [--set k=v ...]
 [--mesh D,M] [--distributed] [--export DIR]`: train (resuming from DIR's latest checkpoint),
-or export it. On several hosts, run the same command with --distributed on every host."""
+or export it. On several hosts, run the same command with --distributed on every host.
+`python -m specjax.train distill ...`: self-distillation data for draft heads (see
+`specjax.train.selfdistill`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,11 @@ from specjax.train.config import load_config, parse_value
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["distill"]:
+        from specjax.train.selfdistill import main as distill
+
+        return distill(argv[1:])
     p = argparse.ArgumentParser(prog="python -m specjax.train", description=__doc__)
     p.add_argument("--config", required=True, help="TOML config file")
     p.add_argument("--steps", type=int, help="override train.steps")

@@ -1,0 +1,154 @@
+"""Self-distillation data (`specjax.train.prompts`, `selfdistill`, `features`, `draft_vocab`):
+the training prompts leave the benchmarks out; answer shards on the tiny target are its own
+output and resume after a kill; the feature cache equals a direct forward; the draft vocabulary."""
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax.models import forward
+from specjax.train import shards
+from specjax.train.draft_vocab import coverage, draft_vocabulary, token_counts
+from specjax.train.features import cache_features
+from specjax.train.prompts import CATEGORIES, build_prompts
+from specjax.train.selfdistill import DistillConfig, generate_answers, main, sequences
+
+NGRAM = 50
+
+
+def _ngrams(texts, n=NGRAM) -> set:
+    out = set()
+    for t in texts:
+        t = " ".join(t.split())
+        out.update(t[i: i + n] for i in range(len(t) - n + 1))
+    return out
+
+
+def _leaks(rows, bench: set) -> list[str]:
+    return [g for r in rows for g in _ngrams(r["turns"] + r["replies"]) if g in bench]
+
+
+def test_training_prompts_are_varied_deterministic_and_leave_the_benchmarks_out():
+    from specjax.bench.prompts import benchmark_prompt_texts
+
+    rows = build_prompts(3000, seed=0)
+    assert build_prompts(300, seed=0) == rows[:300] != build_prompts(300, seed=1)
+    assert len({"\0".join(r["turns"] + r["replies"]) for r in rows}) == 3000
+    assert {r["category"] for r in rows} == set(CATEGORIES)
+    assert all(len(r["turns"]) == len(r["replies"]) + 1 for r in rows)
+    bench = _ngrams(benchmark_prompt_texts())
+    assert _leaks(rows, bench) == []
+    # negative control: a benchmark passage pasted into a prompt is caught
+    from specjax.bench.prompts import chat_prompts
+
+    passage = chat_prompts(["summarization"])[0]["turns"][0].split("\n\n", 1)[1][40:200]
+    planted = [{**rows[0], "turns": [f"Summarize this text.\n\n{passage}"]}]
+    assert _leaks(planted, bench)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return sj.load("tiny"), sj.load_tokenizer("tiny")
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny, tmp_path_factory):
+    model, tok = tiny
+    cfg = DistillConfig("tiny", str(tmp_path_factory.mktemp("distill")), num_prompts=24, batch_size=3,
+                        max_new_tokens=8, temperatures=(0.0, 1.0), max_prompt_tokens=60)
+    return cfg, generate_answers(model, tok, cfg, progress=False)
+
+
+def test_answer_shards_are_the_targets_output_and_resume_after_a_kill(tiny, distilled):
+    model, tok = tiny
+    cfg, answers = distilled
+    done = shards.finished(answers)
+    assert len(done) >= 2
+    rows = [json.loads(line) for line in (answers.parent / "prompts.jsonl").read_text().splitlines()]
+    # a greedy shard is what sj.generate answers for its prompts
+    s = shards.read_shard(answers, 0)
+    assert float(s["temperature"]) == 0.0
+    seqs = [shards.unpack(s["tokens"], s["offsets"], j) for j in range(len(s["answer_start"]))]
+    prompts = [list(q[:a]) for q, a in zip(seqs, s["answer_start"])]
+    out = sj.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, eos_token_id=list(tok.eos_token_ids))
+    for q, a, toks, n in zip(seqs, s["answer_start"], out.tokens, out.num_tokens):
+        np.testing.assert_array_equal(q[a:], toks[:n])
+    assert all(len(rows[i]["turns"]) for i in s["prompt_index"])
+
+    # killed while writing shard 1: it is missing and a partial folder is left behind
+    before = {i: (shards.shard_path(answers, i) / "tokens.npy").stat().st_mtime_ns for i in done}
+    kept = np.load(shards.shard_path(answers, 1) / "tokens.npy")
+    shutil.rmtree(shards.shard_path(answers, 1))
+    (answers / ".00001.partial").mkdir()
+    (answers / ".00001.partial" / "tokens.npy").write_bytes(b"junk")
+    generate_answers(model, tok, cfg, progress=False)
+    assert shards.finished(answers) == done
+    assert not (answers / ".00001.partial").exists()
+    np.testing.assert_array_equal(np.load(shards.shard_path(answers, 1) / "tokens.npy"), kept)
+    assert all((shards.shard_path(answers, i) / "tokens.npy").stat().st_mtime_ns == before[i] for i in done if i != 1)
+
+    with pytest.raises(ValueError, match="other settings .*max_new_tokens"):
+        generate_answers(model, tok, DistillConfig(**{**cfg.__dict__, "max_new_tokens": 9}), progress=False)
+
+
+def test_feature_cache_matches_a_direct_forward(tiny, distilled, tmp_path):
+    model, _ = tiny
+    _, answers = distilled
+    c, layers, k = model.config, (1, 3, 5), 4
+    folder = cache_features(model, answers, tmp_path / "features", layers=layers, top_k=k, draft_vocab=64,
+                            progress=False)
+    direct = jax.jit(lambda params, tokens: forward(c, params, tokens, return_layers=layers)[:3])
+    checked = 0
+    for i in shards.finished(answers):
+        f = shards.read_shard(folder, i)
+        assert f["hidden"].dtype == np.float16 and f["hidden"].shape[1:] == (3, c.hidden_size)
+        for j in range(len(f["answer_start"])):
+            seq = shards.unpack(f["tokens"], f["offsets"], j)
+            padded = np.zeros((1, 128), np.int32)  # one compilation; right padding changes nothing before it
+            padded[0, : len(seq)] = seq
+            out = jax.tree.map(lambda x: np.asarray(x)[..., : len(seq), :], direct(model.params, padded))
+            want = out[2][:, 0].transpose(1, 0, 2)
+            np.testing.assert_allclose(shards.unpack(f["hidden"], f["offsets"], j).astype(np.float32), want,
+                                       rtol=2e-3, atol=2e-3 * np.abs(want).max())
+            probs = np.asarray(jax.nn.softmax(out[0][0], -1))
+            ids = shards.unpack(f["topk_ids"], f["offsets"], j).astype(np.int64)
+            got = shards.unpack(f["topk_probs"], f["offsets"], j).astype(np.float32)
+            np.testing.assert_allclose(np.take_along_axis(probs, ids, 1), got, rtol=3e-3, atol=1e-4)
+            np.testing.assert_allclose(got[:, -1], np.sort(probs, 1)[:, -k], rtol=3e-3, atol=1e-4)  # the top k
+            checked += 1
+    assert checked >= 6
+
+    # vocabulary: the answers' token counts and the most frequent ids
+    counts = np.load(folder / "counts.npy")
+    d2t = np.load(folder / "d2t.npy")
+    answer_tokens = [t[s:] for _, t, s in sequences(answers)]
+    assert counts.sum() == sum(map(len, answer_tokens))
+    assert len(d2t) == 64 and np.all(np.diff(d2t) > 0) and counts[d2t].min() >= np.sort(counts)[-64]
+    info = json.loads((folder / "vocab.json").read_text())
+    assert info["coverage"] == pytest.approx(counts[d2t].sum() / counts.sum())
+
+    # a feature shard lost to a kill is rebuilt alone
+    kept = np.load(shards.shard_path(folder, 0) / "hidden.npy")
+    shutil.rmtree(shards.shard_path(folder, 0))
+    cache_features(model, answers, folder, layers=layers, top_k=k, draft_vocab=64, progress=False)
+    np.testing.assert_array_equal(np.load(shards.shard_path(folder, 0) / "hidden.npy"), kept)
+
+
+def test_draft_vocabulary_keeps_the_most_frequent_ids():
+    counts = token_counts([(np.array([9, 9, 4, 4, 4, 0, 2, 2, 4]), 2), (np.array([3, 0]), 0)], 6)
+    np.testing.assert_array_equal(counts, [2, 0, 2, 1, 4, 0])  # answers only: positions >= start
+    d2t = draft_vocabulary(counts, 3)
+    np.testing.assert_array_equal(d2t, [0, 2, 4])  # 4 (4 times), then 0 and 2 (twice each) before 3 (once)
+    assert coverage(counts, d2t) == pytest.approx(8 / 9)
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        draft_vocabulary(counts, 0)
+
+
+@pytest.mark.parametrize("args", [["--temperatures", "0,-1"], ["--num-prompts", "0"], ["--top-k", "0"]])
+def test_distill_cli_rejects_bad_settings(args, tmp_path, capsys):
+    assert main(["--model", "tiny", "--out", str(tmp_path), *args]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
