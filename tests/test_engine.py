@@ -38,6 +38,7 @@ def drafters(draft):
         "gumbel": DraftModel(draft, mode="gumbel", branching=(3, 2)),
         "beam": DraftModel(draft, mode="beam", width=3, depth=2),
         "topk": DraftModel(draft, mode="topk", template=(-1, 0, 0, 1, 1, 2, 3)),
+        "dyspec": DraftModel(draft, mode="dyspec", width=3, depth=2),
         "prompt-lookup": PromptLookup(max_ngram=2, num_tokens=4),
     }
 
@@ -98,6 +99,7 @@ EXACT_PAIRS = {
     "gumbel/rsd": (lambda d: DraftModel(d, mode="gumbel", branching=(3, 2)), sj.verify.RSD()),
     "beam/rsd": (lambda d: DraftModel(d, mode="beam", width=3, depth=2), sj.verify.RSD()),
     "topk/topk": (lambda d: DraftModel(d, mode="topk", template=(-1, 0, 0, 1, 2)), sj.verify.TopK()),
+    "dyspec/rsd": (lambda d: DraftModel(d, mode="dyspec", width=2, depth=2), sj.verify.RSD()),
     "prompt-lookup/topk": (lambda d: PromptLookup(max_ngram=1, num_tokens=2), sj.verify.TopK()),
     "lookahead/topk": (lambda d: Lookahead(decoding_length=6, branch_length=2, max_nodes=64), sj.verify.TopK()),
     "recycling/topk": (lambda d: TokenRecycling(topk=3, template=(-1, 0, 0, 0, 1, 2)), sj.verify.TopK()),
@@ -123,6 +125,20 @@ def test_a_wrong_pairing_is_detected(sharp_pair):
     assert chi_square_pvalue(counts, exact_joint(target, params)) < 1e-6
 
 
+def test_dyspec_needs_slots_scored_before_their_draw(sharp_pair, monkeypatch):
+    """Negative control for DySpec: scoring a sampled slot by its own child's draft probability
+    (EAGLE-2's key) lets a child's token decide whether it is drafted, and RSD is no longer
+    exact; the test above has the power to see it."""
+    from specjax.drafters import dyspec
+    target, draft = sharp_pair
+    monkeypatch.setattr(dyspec, "_slot_gain", lambda child_q, greedy: child_q)
+    jax.clear_caches()  # programs are traced with the wrong score here, and only here
+    params = SamplingParams(temperature=1.0)
+    counts = sampled_joint(target, DraftModel(draft, mode="dyspec", width=3, depth=1), sj.verify.RSD(), params)
+    jax.clear_caches()
+    assert chi_square_pvalue(counts, exact_joint(target, params)) < 1e-6
+
+
 # ---- the shipped tiny model ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -136,7 +152,7 @@ def tiny_prompts():
     return [ids[0][-40:], ids[1][-25:], ids[2][-33:], ids[3][-12:]]  # ragged
 
 
-@pytest.mark.parametrize("name", ["draft-chain", "draft-iid", "draft-gumbel", "draft-beam", "draft-topk",
+@pytest.mark.parametrize("name", ["draft-chain", "draft-iid", "draft-gumbel", "draft-beam", "draft-topk", "draft-dyspec",
                                   "prompt-lookup", "lookahead", "recycling"])
 def test_greedy_equals_autoregressive_on_the_shipped_model(name, tiny_prompts):
     from specjax.drafters.named import named_drafter

@@ -8,7 +8,9 @@ Modes (each builds its tree level by level, one draft forward per level):
 - "beam": stochastic beam search (Kool et al. 2019) of width W and depth L: W sequences drawn
   without replacement from the draft over sequences (RSD-S);
 - "topk": a static tree template whose children are the draft's top tokens in rank order,
-  deterministic (q = point mass; TopK).
+  deterministic (q = point mass; TopK);
+- "dyspec": DySpec's dynamic tree (`specjax.drafters.dyspec`), `depth` rounds of the `width`
+  best slots by the draft's path probability, children drawn without replacement (RSD).
 
 At temperature 0 every mode drafts deterministically (argmax, top-k, plain beam search) from
 the draft's softmax and the Greedy rule verifies.
@@ -29,11 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling, verify
+from specjax.drafters import dyspec
 from specjax.drafters.base import Context, Drafter, static_tree, template_depth
 from specjax.models import KVCache, Model, forward
 from specjax.tree import DraftTree
 
-MODES = ("chain", "iid", "gumbel", "beam", "topk")
+MODES = ("chain", "iid", "gumbel", "beam", "topk", "dyspec")
 
 
 @jax.tree_util.register_dataclass
@@ -42,7 +45,8 @@ class DraftModel(Drafter):
     """Draft with `draft` (a Model with the target's vocabulary).
 
     chain: k; iid: k sequences of `depth`; gumbel: `branching` (b_1, ..., b_L); beam: `width`
-    and `depth`; topk: `template`, parent indices in breadth-first order (root first, -1).
+    and `depth`; topk: `template`, parent indices in breadth-first order (root first, -1);
+    dyspec: `width` nodes per round for `depth` rounds.
     """
 
     draft: Model
@@ -77,7 +81,7 @@ class DraftModel(Drafter):
         """Nodes per level, levels 1..L."""
         if self.mode == "chain":
             return [1] * self.k
-        if self.mode in ("iid", "beam"):
+        if self.mode in ("iid", "beam", "dyspec"):
             return [self.k if self.mode == "iid" else self.width] * self.depth
         if self.mode == "gumbel":
             return [math.prod(self.branching[: i + 1]) for i in range(len(self.branching))]
@@ -100,7 +104,7 @@ class DraftModel(Drafter):
         for level, n in enumerate(self._levels):
             if self.mode == "gumbel":
                 parents += [prev[j // self.branching[level]] for j in range(n)]
-            elif self.mode == "beam":
+            elif self.mode in ("beam", "dyspec"):
                 parents += [0] * n  # placeholders
             else:  # chain, iid: node j continues node j of the previous level (or the root)
                 parents += [prev[j] if len(prev) > 1 else prev[0] for j in range(n)]
@@ -112,7 +116,7 @@ class DraftModel(Drafter):
         if params.greedy:
             return verify.Greedy()
         return {"chain": verify.SpeculativeSampling(), "iid": verify.SpecTr(), "gumbel": verify.RSD(),
-                "beam": verify.RSD(), "topk": verify.TopK()}[self.mode]
+                "beam": verify.RSD(), "topk": verify.TopK(), "dyspec": verify.RSD()}[self.mode]
 
     def chain(self, k: int) -> "CatchUpDraftModel":
         """A chain of k (mode 'chain' only), whose cache may fall behind: see CatchUpDraftModel."""
@@ -136,19 +140,25 @@ class DraftModel(Drafter):
         return cache._replace(lengths=lengths - 1)
 
     def propose(self, cache: KVCache, ctx: Context, key):
-        cfg, params = self.draft.config, self.draft.params
+        cfg = self.draft.config
         b = ctx.tokens.shape[0]
         # 1. catch up on the tokens committed since the last propose (the root last).
         start = jnp.minimum(cache.lengths, ctx.length - 1)
         window = self.max_depth + 1
         idx = jnp.clip(start[:, None] + jnp.arange(window)[None, :], 0, ctx.tokens.shape[1] - 1)
         catch_up = jnp.take_along_axis(ctx.tokens, idx, axis=1)
-        out = forward(cfg, params, catch_up, cache=cache._replace(lengths=start))
+        out = forward(cfg, self.draft.params, catch_up, cache=cache._replace(lengths=start))
         root_logits = jnp.take_along_axis(out.logits, (ctx.length - 1 - start)[:, None, None], axis=1)
         cache = out.cache._replace(lengths=ctx.length)
         # 2. grow the tree level by level.
         greedy = ctx.sampling.greedy
         process = (lambda lg: jax.nn.softmax(lg, -1)) if greedy else (lambda lg: sampling.probs(lg, ctx.sampling))
+        if self.mode == "dyspec":
+            def dist_after(tree, new, carry):
+                return process(self._tree_logits(tree, cache, ctx)[:, new.start - 1: new.stop - 1]), carry
+            tree, _ = dyspec.grow(ctx.root, process(root_logits[:, 0]), dist_after, None, key,
+                                  widths=tuple(self._levels), greedy=greedy)
+            return tree, cache
         n, levels = self.num_nodes, self._levels
         tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(ctx.root)
         parents = jnp.broadcast_to(jnp.asarray(self._static_parents()), (b, n))
@@ -167,14 +177,19 @@ class DraftModel(Drafter):
             q = q.at[:, nodes].set(jnp.take_along_axis(dist, par_local[:, :, None], axis=1))
             if level + 1 < len(levels):
                 tree = DraftTree.build(tokens, parents, max_depth=self.max_depth)
-                logits = forward(cfg, params, tokens[:, 1:], positions=tree.positions(ctx.length - 1)[:, 1:],
-                                 cache=cache, tree_mask=tree.ancestors[:, 1:, 1:]).logits
-                dist = process(logits[:, offset - 1: offset - 1 + width])
+                dist = process(self._tree_logits(tree, cache, ctx)[:, offset - 1: offset - 1 + width])
             prev_offset, offset = offset, offset + width
         valid = jnp.take_along_axis(q, tokens[:, :, None], axis=2)[..., 0] > 0
         valid = valid.at[:, 0].set(True)
         tree_q = None if (greedy or self.mode == "topk") else q
         return DraftTree.build(tokens, parents, q=tree_q, valid=valid, max_depth=self.max_depth), cache
+
+    def _tree_logits(self, tree: DraftTree, cache: KVCache, ctx: Context) -> jax.Array:
+        """The draft's logits after every non-root node of `tree` [B, N-1, V] (the tree's K/V
+        go past the committed entries of `cache`, where nothing reads them later)."""
+        return forward(self.draft.config, self.draft.params, tree.tokens[:, 1:],
+                       positions=tree.positions(ctx.length - 1)[:, 1:], cache=cache,
+                       tree_mask=tree.ancestors[:, 1:, 1:]).logits
 
     def _expand(self, level, dist, score, logq, key, greedy):
         """Children of one level: tokens [B, n], their parent's position in the previous level

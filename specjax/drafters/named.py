@@ -16,6 +16,7 @@ from specjax.drafters.base import Drafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.jacobi import SpeculativeJacobi
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
@@ -39,9 +40,11 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "draft-gumbel": _draft("gumbel", branching=(2, 1, 1)),
     "draft-beam": _draft("beam", width=2, depth=3),
     "draft-topk": _draft("topk", template=(-1, 0, 0, 1, 1, 2, 3, 5)),
+    "draft-dyspec": _draft("dyspec", width=2, depth=3),
     "prompt-lookup": lambda target: PromptLookup(max_ngram=3, num_tokens=6, min_ngram=2),
     "lookahead": lambda target: Lookahead(decoding_length=7, branch_length=4, max_nodes=2048),
     "recycling": lambda target: TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)),
+    "sjd": lambda target: SpeculativeJacobi(window=3),
     "medusa": lambda target: Medusa.load("tiny", tree_size=8),
     "eagle": lambda target: Eagle.load("tiny", target=target, top_k=4, depth=4, total_tokens=8),
     "clover": lambda target: Clover.load("tiny", target=target, tree_size=8),
