@@ -91,9 +91,10 @@ def one_line_error(capsys, argv) -> str:
     return out, err
 
 
-def test_help_lists_every_named_drafter(capsys):
+def test_help_lists_every_named_drafter(capsys, monkeypatch):
     from specjax.drafters.named import NAMED
 
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps at hyphens ("hidden- transfer")
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
