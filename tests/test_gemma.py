@@ -410,3 +410,34 @@ def test_model_free_drafters_on_gemma3_270m_equal_autoregressive(gemma3_270m):
         got = sj.generate(model, prompts, max_new_tokens=24, drafter=drafter)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=drafter.name)
         assert got.stats["tau"] > 1.5, (drafter.name, got.stats)  # measured: 1.88 and 2.94
+
+
+def varied_texts(n=300, seed=0):
+    """Hard cases, then random mixes of them: scripts, emoji, code, whitespace runs, digits, text
+    that looks like tokens, random code points (byte fallback)."""
+    import random
+    pieces = ["Hello", " world", "  ", "   ", "     ", "\t", "\n", "\n\n\n", " \n ", "\r\n", "1234567890", "3.14159",
+              "-42", "1,000,000", "x = f(y) ** 2", "def main():\n    return 0\n", "if (a && b) { c++; }",
+              "naïve café", "e\u0301", "日本語のテキスト", "中文", "한국어", "Привет мир", "مرحبا", "हिन्दी", "😀",
+              "👩‍💻", "🇫🇷", "\u200b", "\u00a0", "▁", "▁▁", "<start_of_turn>", "<end_of_turn>", "<bos>", "<unk>",
+              "<0x41>", "<mask>", "[multimodal]", "<unused5>", "http://example.com/a?b=c", "ﬁ", "𝔘𝔫𝔦", "\x00",
+              "CamelCaseWord", "snake_case_var", "ALLCAPS", "..."]
+    rng = random.Random(seed)
+    mixes = ["".join(rng.choice(pieces) for _ in range(rng.randint(2, 8))) for _ in range(n - len(pieces) - 20)]
+    rare = ["".join(chr(rng.choice([rng.randint(0x20, 0xD7FF), rng.randint(0xE000, 0x2FFFF)]))
+                    for _ in range(rng.randint(1, 12))) for _ in range(20)]
+    return pieces + mixes + rare
+
+
+def test_gemma3_270m_tokenizer_matches_transformers_and_the_cli_generates(gemma3_270m, monkeypatch, capsys):
+    from specjax.__main__ import main
+    path, _ = gemma3_270m
+    monkeypatch.setenv("SPECJAX_CACHE", str(path.parent / "cache"))
+    tok = sj.load_tokenizer(path)
+    hf = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n") == CODE_IDS
+    wrong = [t for t in varied_texts() if tok.encode(t) != hf.encode(t) or tok.decode(tok.encode(t)) != hf.decode(hf.encode(t))]
+    assert not wrong, wrong[:5]
+    assert main(["generate", "--model", str(path), "--prompt", "The cat sat on the mat. The dog sat on the",
+                 "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out.startswith("The cat sat on the mat. The dog sat on the ")
