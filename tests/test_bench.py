@@ -150,3 +150,10 @@ def test_peer_source_reads_gguf(tmp_path):
     assert _source(tmp_path) == (str(tmp_path), {"gguf_file": "m.gguf"})  # a folder holding one GGUF
     (tmp_path / "config.json").write_text("{}")
     assert _source(tmp_path) == (str(tmp_path), {})  # an HF folder
+
+
+def test_forward_cost_times_the_forward_with_a_cut_lm_head():
+    from specjax.bench.forward_cost import forward_seconds
+    model = sj.load("tiny")
+    for rows in (None, 0, 16):
+        assert forward_seconds(model, 1, 2, cached=3, cache_len=8, loop=1, reps=1, head_rows=rows) > 0

@@ -265,6 +265,54 @@ def test_a_q8_0_gemma_gguf_loads_into_int8_weights_close_to_float(tmp_path):
     np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
 
 
+
+# A SentencePiece vocabulary as Gemma GGUFs store it: controls, user-defined newline and space runs
+# (spaces real, not ▁), byte fallback, and words whose merges only the token order implies
+SP_TOKENS = (["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>", "\n", "\n\n",
+              "  ", "   "] + [f"<0x{b:02X}>" for b in range(256)]
+             + list("▁abdeghilmnorstuy") + ["ll", "ell", "▁h", "▁hell", "▁hello", "▁t", "he", "▁the", "▁a", "in",
+                                          "▁in", "us", "use", "▁use", "▁user", "er", "▁th", "re", "▁m", "od",
+                                          "▁mod", "el", "▁model"])
+SP_TYPES = [3] * 7 + [4] * 4 + [6] * 256 + [1] * (len(SP_TOKENS) - 267)
+GEMMA_CHAT_TEMPLATE = (  # shaped like Gemma 3's: system folded into the first user turn, "model" role
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'] + '\n\n' %}"
+    "{% set loop_messages = messages[1:] %}{% else %}{% set prefix = '' %}{% set loop_messages = messages %}"
+    "{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n'"
+    " + (prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+
+
+def test_a_sentencepiece_gemma_gguf_tokenizes_and_chats_as_transformers(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    w = writer(tmp_path / "t.gguf", "gemma3", hf_config("gemma3", vocab_size=len(SP_TOKENS)), 8)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(SP_TOKENS)
+    w.add_token_types(SP_TYPES)
+    w.add_token_scores([0.0] * len(SP_TOKENS))  # Gemma's scores do not rank its merges
+    w.add_bos_token_id(2), w.add_eos_token_id(1), w.add_unk_token_id(3), w.add_pad_token_id(0)
+    w.add_chat_template(GEMMA_CHAT_TEMPLATE)
+    path = finish(w, tmp_path / "t.gguf")
+    tok = sj.load_tokenizer(path)
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ["the user model", " hello  there\n\n\nin   the   end ", "héllo ☃ 日本", "<start_of_turn>use<eos>",
+                 "thethe the", "ttt hhh", "a    b", "▁▁ x", "  \n  \t", "▁the", ""]:
+        assert tok.encode(text) == hf.encode(text), text
+        assert tok.decode(tok.encode(text)) == hf.decode(hf.encode(text)), text
+    words = ("t", "he", "▁user", "▁model", "▁hello")  # merged whole by the merges the token order implies
+    assert tok.encode("the user model hello") == [2] + [SP_TOKENS.index(t) for t in words]
+    chats = [[{"role": "user", "content": " hello there "}],
+             [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the user"},
+              {"role": "assistant", "content": "the model"}, {"role": "user", "content": "in"}]]
+    for messages in chats:
+        assert tok.render(messages) == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert tok.chat(messages) == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=False)
+    with pytest.raises(ValueError, match="roles must alternate"):
+        tok.render([{"role": "assistant", "content": "x"}])
+
 # ---- speculative decoding on a Gemma target ------------------------------------------------------
 
 RAGGED = [[5, 17, 33, 9, 60, 5, 17, 33, 9], [40, 3], [8, 8, 50, 14, 22, 8, 8], [11]]
@@ -362,3 +410,34 @@ def test_model_free_drafters_on_gemma3_270m_equal_autoregressive(gemma3_270m):
         got = sj.generate(model, prompts, max_new_tokens=24, drafter=drafter)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=drafter.name)
         assert got.stats["tau"] > 1.5, (drafter.name, got.stats)  # measured: 1.88 and 2.94
+
+
+def varied_texts(n=300, seed=0):
+    """Hard cases, then random mixes of them: scripts, emoji, code, whitespace runs, digits, text
+    that looks like tokens, random code points (byte fallback)."""
+    import random
+    pieces = ["Hello", " world", "  ", "   ", "     ", "\t", "\n", "\n\n\n", " \n ", "\r\n", "1234567890", "3.14159",
+              "-42", "1,000,000", "x = f(y) ** 2", "def main():\n    return 0\n", "if (a && b) { c++; }",
+              "naïve café", "e\u0301", "日本語のテキスト", "中文", "한국어", "Привет мир", "مرحبا", "हिन्दी", "😀",
+              "👩‍💻", "🇫🇷", "\u200b", "\u00a0", "▁", "▁▁", "<start_of_turn>", "<end_of_turn>", "<bos>", "<unk>",
+              "<0x41>", "<mask>", "[multimodal]", "<unused5>", "http://example.com/a?b=c", "ﬁ", "𝔘𝔫𝔦", "\x00",
+              "CamelCaseWord", "snake_case_var", "ALLCAPS", "..."]
+    rng = random.Random(seed)
+    mixes = ["".join(rng.choice(pieces) for _ in range(rng.randint(2, 8))) for _ in range(n - len(pieces) - 20)]
+    rare = ["".join(chr(rng.choice([rng.randint(0x20, 0xD7FF), rng.randint(0xE000, 0x2FFFF)]))
+                    for _ in range(rng.randint(1, 12))) for _ in range(20)]
+    return pieces + mixes + rare
+
+
+def test_gemma3_270m_tokenizer_matches_transformers_and_the_cli_generates(gemma3_270m, monkeypatch, capsys):
+    from specjax.__main__ import main
+    path, _ = gemma3_270m
+    monkeypatch.setenv("SPECJAX_CACHE", str(path.parent / "cache"))
+    tok = sj.load_tokenizer(path)
+    hf = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n") == CODE_IDS
+    wrong = [t for t in varied_texts() if tok.encode(t) != hf.encode(t) or tok.decode(tok.encode(t)) != hf.decode(hf.encode(t))]
+    assert not wrong, wrong[:5]
+    assert main(["generate", "--model", str(path), "--prompt", "The cat sat on the mat. The dog sat on the",
+                 "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out.startswith("The cat sat on the mat. The dog sat on the ")

@@ -1,6 +1,8 @@
 """The cost of one target forward over N new tokens, timed the way the decode loop runs it: a
 compiled loop of forwards, so no per-call dispatch is in the figure. N = 1 is an AR step; a
-verify pass over N tree nodes costs about a forward over N tokens."""
+verify pass over N tree nodes costs about a forward over N tokens. `head_rows` times the same
+forward with no LM head (0) or a head over the first k vocabulary rows (a reduced draft
+vocabulary): with Gemma 3's 262,144 rows the LM head is the largest matmul."""
 
 from __future__ import annotations
 
@@ -9,15 +11,19 @@ import time
 import jax
 import jax.numpy as jnp
 
-from specjax.models import KVCache, Model, forward
+from specjax.models import KVCache, Model, forward, lm_head_weight
+from specjax.models.llama import dense
 
 
 def forward_seconds(model: Model, batch: int, n: int, *, cached: int, cache_len: int, loop: int,
-                    reps: int) -> float:
+                    reps: int, head_rows: int | None = None) -> float:
     """Seconds per forward over n new tokens (causal among themselves) at this batch, after
     `cached` tokens in a cache of `cache_len` slots: the least of `reps` timed loops of `loop`
     forwards, after a compiling one (interference on a shared machine only adds time)."""
     cfg = model.config
+    head = lm_head_weight(cfg, model.params)
+    if head_rows is not None and not isinstance(head, jax.Array):
+        raise ValueError("head_rows needs a float LM head (this model's is quantized)")
     cache = KVCache.init(cfg, batch, cache_len)._replace(lengths=jnp.full((batch,), cached, jnp.int32))
 
     @jax.jit
@@ -27,8 +33,11 @@ def forward_seconds(model: Model, batch: int, n: int, *, cached: int, cache_len:
 
         def body(i, acc):  # the tokens depend on i, so no forward is hoisted out of the loop
             out = forward(cfg, params, jnp.full((batch, n), i, jnp.int32), positions=pos, cache=cache,
-                          tree_mask=mask)
-            return acc + out.logits[0, 0, 0].astype(jnp.float32)
+                          tree_mask=mask, compute_logits=head_rows is None)
+            if head_rows is None:
+                return acc + out.logits[0, 0, 0]
+            w = lm_head_weight(cfg, params)[:, :head_rows].astype(out.hidden.dtype)
+            return acc + (dense(out.hidden, w, out_dtype=jnp.float32)[0, 0, 0] if head_rows else out.hidden[0, 0, 0].astype(jnp.float32))
         return jax.lax.fori_loop(0, loop, body, 0.0)
 
     run(model.params, cache).block_until_ready()
