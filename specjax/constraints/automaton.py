@@ -93,11 +93,14 @@ class TokenAutomaton:
 
     def step(self, states: jax.Array, tokens: jax.Array) -> jax.Array:
         """int32[...]: the state after each token (`dead` where the state forbids it)."""
-        lo, hi = self.offsets[states], self.offsets[states + 1]
-        for _ in range(max(1, int(np.ceil(np.log2(self.vocab_size + 1))))):  # lower bound search
+        def halve(_, bounds):  # lower-bound binary search within each state's transitions
+            lo, hi = bounds
             mid = (lo + hi) // 2
             go_right = (lo < hi) & (self.tokens[jnp.minimum(mid, self.tokens.shape[0] - 1)] < tokens)
-            lo, hi = jnp.where(go_right, mid + 1, lo), jnp.where(go_right, hi, mid)
+            return jnp.where(go_right, mid + 1, lo), jnp.where(go_right, hi, mid)
+
+        rounds = int(np.ceil(np.log2(self.vocab_size + 1)))
+        lo, _ = jax.lax.fori_loop(0, rounds, halve, (self.offsets[states], self.offsets[states + 1]))
         at = jnp.minimum(lo, self.tokens.shape[0] - 1)
         found = (lo < self.offsets[states + 1]) & (self.tokens[at] == tokens)
         return jnp.where(found, self.next_state[at], self.dead).astype(jnp.int32)
@@ -105,12 +108,14 @@ class TokenAutomaton:
     def node_states(self, tree: DraftTree, root_states: jax.Array) -> jax.Array:
         """int32[B, N]: the state after each node's path, given the state after the root
         (root_states int32[B]): every node's state advanced along its own path."""
-        states = jnp.broadcast_to(root_states[:, None], tree.tokens.shape)
         parents = jnp.maximum(tree.parents, 0)
-        for _ in range(tree.max_depth):  # after d rounds, nodes of depth <= d are right
+
+        def advance(_, states):  # after d rounds, nodes of depth <= d are right
             parent_states = jnp.take_along_axis(states, parents, axis=1)
-            states = jnp.where(tree.parents >= 0, self.step(parent_states, tree.tokens), states)
-        return states
+            return jnp.where(tree.parents >= 0, self.step(parent_states, tree.tokens), states)
+
+        start = jnp.broadcast_to(root_states[:, None], tree.tokens.shape).astype(jnp.int32)
+        return jax.lax.fori_loop(0, tree.max_depth, advance, start)
 
     def mask_logits(self, logits: jax.Array, states: jax.Array) -> jax.Array:
         """logits float[..., V] with the tokens `states` int[...] forbid set to -inf; sampling

@@ -52,9 +52,9 @@ class Forced(Drafter):
 
     @property
     def tree_sizes(self) -> tuple[int, ...]:
-        """The inner sizes, plus room for 2 and for max_forced forced tokens."""
-        extra = {0, min(2, self.max_forced), self.max_forced}
-        return tuple(sorted({s + j for s in self.inner.tree_sizes for j in extra}))
+        """The inner sizes, and each with room for max_forced forced tokens (one compiled
+        forward per size: finer steps would cost compile time for little)."""
+        return tuple(sorted({s + j for s in self.inner.tree_sizes for j in (0, self.max_forced)}))
 
     def default_verifier(self, sampling):
         return self.inner.default_verifier(sampling)
@@ -97,14 +97,15 @@ class Forced(Drafter):
             return jnp.zeros((b, self.max_forced), jnp.int32), jnp.zeros((b,), jnp.int32), ctx
         automaton, state = ctx.constraint, ctx.constraint_state
         eos = jnp.array(automaton.eos_token_ids or (-1,))
-        alive, tokens, k = jnp.ones((b,), bool), [], jnp.zeros((b,), jnp.int32)
-        for _ in range(self.max_forced):
+
+        def follow(carry, _):
+            state, alive = carry
             t = automaton.forced[state]
             alive &= (t >= 0) & ~jnp.isin(t, eos)
-            tokens.append(jnp.where(alive, t, 0))
-            state = jnp.where(alive, automaton.step(state, t), state)
-            k += alive
-        tokens = jnp.stack(tokens, axis=1)
+            return (jnp.where(alive, automaton.step(state, t), state), alive), (jnp.where(alive, t, 0), alive)
+
+        (state, _), (tokens, alive) = jax.lax.scan(follow, (state, jnp.ones((b,), bool)), length=self.max_forced)
+        tokens, k = tokens.T, alive.sum(0, dtype=jnp.int32)
         idx = ctx.length[:, None] + jnp.arange(self.max_forced)[None, :]
         idx = jnp.where(jnp.arange(self.max_forced)[None, :] < k[:, None], idx, ctx.tokens.shape[1])
         history = ctx.tokens.at[jnp.arange(b)[:, None], idx].set(tokens, mode="drop")
