@@ -8,7 +8,7 @@
 import jax
 import numpy as np
 
-from specjax import drafters, sampling, sharding, verify
+from specjax import constraints, drafters, sampling, sharding, verify
 from specjax.convert import load, load_gguf, save
 from specjax.engine import GenerateOutput, generate, make_generate, stream
 from pallas_kernels import QuantizedWeight
@@ -43,5 +43,5 @@ def _check_tokens(config: ModelConfig, tokens: np.ndarray) -> None:
 
 
 __all__ = ["Model", "ModelConfig", "KVCache", "GenerateOutput", "load", "load_gguf", "save", "forward",
-           "generate", "make_generate", "stream", "sampling", "sharding", "shard", "drafters", "verify", "DraftTree", "Verdict", "quantize",
+           "generate", "make_generate", "stream", "sampling", "sharding", "shard", "constraints", "drafters", "verify", "DraftTree", "Verdict", "quantize",
            "QuantizedWeight", "load_tokenizer", "TextTokenizer"]

@@ -32,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="render the prompt as a user message with the model's chat template "
                         "(default: when the model has one) and print only the answer")
     g.add_argument("--system", default=None, help="a system message (with --chat)")
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
+                       help="constrain the output to JSON valid under this schema (forced tokens drafted)")
+    shape.add_argument("--regex", default=None, metavar="PATTERN", help="constrain the output to this regex")
 
     c = sub.add_parser("convert", help="convert an HF folder to a specjax checkpoint (or back)")
     c.add_argument("src", help="HF folder or specjax checkpoint")
@@ -96,6 +100,7 @@ def cmd_generate(args) -> None:
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     tokenizer = _load_tokenizer(folder)
+    constraint = _constraint(args, tokenizer)
     chat = tokenizer.chat_template is not None if args.chat is None else args.chat
     if chat and tokenizer.chat_template is None:
         raise UsageError(f"--chat: the model {args.model} has no chat template")
@@ -118,9 +123,11 @@ def cmd_generate(args) -> None:
     try:
         cache_size(model.config, len(ids), DecodeSettings(args.max_new_tokens))  # before the echo
         drafter = named_drafter(name, model)
+        if constraint is not None and type(drafter).update is sj.drafters.Drafter.update:
+            drafter = sj.drafters.Forced(drafter)
         steps = sj.stream(model, ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                          key=jax.random.key(args.seed), eos_token_id=eos or None)
+                          key=jax.random.key(args.seed), eos_token_id=eos or None, constraint=constraint)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
     shown = [] if chat else ids  # a chat prints the answer alone; plain text continues the prompt
@@ -139,6 +146,22 @@ def cmd_generate(args) -> None:
     print(f"\n[{len(new)} new tokens, {stats['tokens_per_s']:.1f} tokens/s, tau {stats['tau']:.2f}, "
           f"method {name}{why}, verifier {stats['verifier']}, compile {stats['compile_s']:.1f} s]",
           file=sys.stderr)
+
+
+def _constraint(args, tokenizer):
+    """The --json-schema / --regex automaton (None without either)."""
+    import specjax as sj
+
+    try:
+        if args.json_schema is not None:
+            return sj.constraints.json_schema(args.json_schema.read_text(), tokenizer)
+        if args.regex is not None:
+            return sj.constraints.regex(args.regex, tokenizer)
+    except ImportError:
+        raise UsageError("--json-schema / --regex need outlines-core: pip install 'specjax[constraints]'") from None
+    except (ValueError, OSError) as e:
+        raise UsageError(f"{'--json-schema' if args.json_schema else '--regex'}: {e}") from None
+    return None
 
 
 def cmd_convert(args) -> None:

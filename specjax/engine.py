@@ -54,6 +54,8 @@ class DecodeState(NamedTuple):
     target_calls: jax.Array  # int32[B]: target forwards while the row was active
     accepted_hist: jax.Array  # int32[B, D+1]: steps that accepted exactly a draft tokens
     drafter_state: Any
+    constraint: Any = None  # a TokenAutomaton (sj.constraints) or None
+    constraint_state: jax.Array | None = None  # int32[B]: its state after each row's output
 
     @property
     def root(self) -> jax.Array:
@@ -122,10 +124,11 @@ def _eos_ids(eos_token_id) -> tuple[int, ...]:
 # ---- the loop -----------------------------------------------------------------------------------
 
 def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Array, key: jax.Array,
-            *, settings: DecodeSettings, cache_len: int, budget: jax.Array | None = None) -> DecodeState:
+            *, settings: DecodeSettings, cache_len: int, budget: jax.Array | None = None,
+            constraint=None) -> DecodeState:
     """Cache every prompt token but the last (the last is the first root); start the drafter.
     budget: int32[B], the new tokens each row may emit (default max_new_tokens; a row with 0
-    is padding, done from the start)."""
+    is padding, done from the start). constraint: a TokenAutomaton the output must follow."""
     b = prompts.shape[0]
     budget = jnp.full((b,), settings.max_new_tokens, jnp.int32) if budget is None else budget
     cache = KVCache.init(model.config, b, cache_len)
@@ -141,7 +144,8 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
         num_out=jnp.zeros((b,), jnp.int32), budget=budget, done=budget <= 0, key=key,
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
-        drafter_state=drafter.init(model, prompts, lengths, cache_len, pre)))
+        drafter_state=drafter.init(model, prompts, lengths, cache_len, pre), constraint=constraint,
+        constraint_state=None if constraint is None else jnp.full((b,), constraint.initial, jnp.int32)))
 
 
 class StepRecord(NamedTuple):
@@ -158,13 +162,20 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     The state's accepted_hist counts the step at its accepted depth (its width is the state's:
     a loop over several drafters carries the widest)."""
     key, draft_key, verify_key = jax.random.split(state.key, 3)
-    ctx = Context(state.history, state.length, settings.sampling, model)
+    automaton = state.constraint
+    ctx = Context(state.history, state.length, settings.sampling, model, automaton, state.constraint_state)
     tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
+    if automaton is not None:  # every node's state along its own path
+        node_states = automaton.node_states(tree, state.constraint_state)
+        if tree.q is None:
+            tree = automaton.prune(tree, node_states)
     positions = tree.positions(state.cache.lengths)
     active = ~state.done
     out = _verify_forward(model, drafter, tree, positions, state.cache,
                           drafter.injection(dstate, tree, positions), active)
     logits = out.logits[:, : tree.num_nodes]
+    if automaton is not None:  # the constrained target: masked, then processed (renormalised)
+        logits = automaton.mask_logits(logits, node_states)
     verdict = verifier(tree, sampling.probs(logits, settings.sampling), verify_key)
     cache = out.cache.commit(verdict.path, verdict.num_accepted)
     cache = cache._replace(lengths=jnp.where(active, cache.lengths, state.cache.lengths))
@@ -172,8 +183,17 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     width = state.accepted_hist.shape[1]
     hist = state.accepted_hist + jax.nn.one_hot(verdict.num_accepted, width, dtype=jnp.int32) * active[:, None]
     state = state._replace(cache=cache, key=key, drafter_state=dstate, accepted_hist=hist)
+    if automaton is not None:  # the state at the accepted path's end, advanced by the next token
+        end = jnp.take_along_axis(node_states, _at_depth(verdict.path, verdict.num_accepted)[:, None], 1)[:, 0]
+        advanced = automaton.step(end, verdict.next_token)
+        state = state._replace(constraint_state=jnp.where(active, advanced, state.constraint_state))
     state = _emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings)
     return sharding.constrain_caches(state), StepRecord(verdict.num_accepted, active)
+
+
+def _at_depth(path: jax.Array, depth: jax.Array) -> jax.Array:
+    """int32[B]: path[b, depth[b]]."""
+    return jnp.take_along_axis(path, depth[:, None], axis=1)[:, 0]
 
 
 def _verify_forward(model: Model, drafter: Drafter, tree, positions: jax.Array, cache: KVCache,
@@ -234,11 +254,11 @@ def _emit(state: DecodeState, new: jax.Array, count: jax.Array, settings: Decode
 
 
 def decode(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Array, key: jax.Array,
-           budget: jax.Array | None = None, *, settings: DecodeSettings, verifier: verify.Verifier,
-           cache_len: int) -> DecodeState:
+           budget: jax.Array | None = None, constraint=None, *, settings: DecodeSettings,
+           verifier: verify.Verifier, cache_len: int) -> DecodeState:
     """Prefill and run the loop to the end, all on the device."""
     state = prefill(model, drafter, prompts, lengths, key, settings=settings, cache_len=cache_len,
-                    budget=budget)
+                    budget=budget, constraint=constraint)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                               lambda s: step(model, drafter, s, settings=settings, verifier=verifier)[0],
                               state)
@@ -323,7 +343,7 @@ def batch(plan: Plan, mesh, padded: np.ndarray, lengths: np.ndarray) -> Batch:
 
 def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int = 64, drafter=None,
                   verifier=None, temperature: float = 0.0, top_k: int | None = None,
-                  top_p: float | None = None, eos_token_id=None):
+                  top_p: float | None = None, eos_token_id=None, constraint=None):
     """The decode loop as a pure function `(params, prompts int[B, prompt_len], lengths int[B],
     key, drafter=drafter) -> (tokens int32[B, max_new_tokens], num_tokens int32[B])`, for use
     inside the caller's jit / vmap / sharded pipeline. Prompts are right-padded with ids in
@@ -331,14 +351,15 @@ def make_generate(config: ModelConfig, *, prompt_len: int, max_new_tokens: int =
     that; traced, it cannot, and out-of-range ids would read clamped embeddings. Pass the
     drafter as an argument to keep its weights traced rather than baked in. Sharded (params
     from `sj.shard`, prompts from `sj.sharding.shard_batch`): trace it under
-    `jax.set_mesh(mesh)`, which pins the KV caches and keeps the Pallas kernels out."""
+    `jax.set_mesh(mesh)`, which pins the KV caches and keeps the Pallas kernels out.
+    `constraint` as in `generate` (pass its EOS ids in eos_token_id)."""
     p = plan(config, None, prompt_len, drafter, verifier, max_new_tokens, temperature, top_k,
              top_p, eos_token_id)
 
     def generate_fn(params, prompts, lengths, key, drafter=p.drafter):
         if not isinstance(prompts, jax.core.Tracer) and not isinstance(lengths, jax.core.Tracer):
             _check_padded(np.asarray(prompts), np.asarray(lengths), config.vocab_size, prompt_len)
-        s = decode(Model(params, config), drafter, prompts, lengths, key, settings=p.settings,
+        s = decode(Model(params, config), drafter, prompts, lengths, key, None, constraint, settings=p.settings,
                    verifier=p.verifier, cache_len=p.cache_len)
         return s.out, s.num_out
 
@@ -359,7 +380,7 @@ def _check_padded(prompts: np.ndarray, lengths: np.ndarray, vocab_size: int, pro
 
 def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter=None, verifier=None,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             key: jax.Array | None = None, eos_token_id=None) -> GenerateOutput:
+             key: jax.Array | None = None, eos_token_id=None, constraint=None) -> GenerateOutput:
     """Generate up to `max_new_tokens` per prompt; the whole loop is one compiled while_loop.
     `drafter=None` is plain autoregressive decoding; `verifier=None` picks the exact rule that
     fits the drafter and the temperature. Prompt length, max_new_tokens and batch size are
@@ -367,13 +388,17 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter=None, v
     drafter, verifier, sampling setting or EOS list compiles anew. The stats give decoding
     time (`wall_time_s`, `tokens_per_s`) without compilation, and `compile_s` apart. A model
     laid out on a mesh (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid
-    out on the same mesh."""
+    out on the same mesh. `constraint` (`sj.constraints.json_schema` / `regex`) restricts the
+    output to its language: the target's logits are masked to the allowed tokens before
+    processing (so p is renormalised over them), which keeps every exact verifier exact for
+    the constrained distribution; the constraint's EOS ids end rows."""
     p, mesh, drafter, rows, n = _placed(model, prompts, drafter, verifier, max_new_tokens, temperature,
-                                        top_k, top_p, eos_token_id)
+                                        top_k, top_p, eos_token_id, constraint)
     key = jax.random.key(0) if key is None else key
     compiled_before, t0 = _compile_seconds(), time.perf_counter()
     with sharding.use_mesh(mesh):
-        state = _decode_jit(model, drafter, rows.prompts, rows.lengths, key, rows.budget, settings=p.settings,
+        state = _decode_jit(model, drafter, rows.prompts, rows.lengths, key, rows.budget, constraint,
+                            settings=p.settings,
                             verifier=p.verifier, cache_len=p.cache_len)
     tokens, num, calls, hist = (x[:n] for x in sharding.to_host(
         (state.out, state.num_out, state.target_calls, state.accepted_hist)))
@@ -384,10 +409,20 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter=None, v
 
 
 def _placed(model: Model, prompts, drafter, verifier, max_new_tokens, temperature, top_k, top_p,
-            eos_token_id):
+            eos_token_id, constraint=None):
     """generate's and stream's setup: the bucketed plan, the model's mesh, the drafter and the
-    batch laid out on it, and the number of real rows."""
+    batch laid out on it, and the number of real rows. A constraint adds its EOS ids."""
     padded, lengths = pad_prompts(prompts, model.config.vocab_size)
+    if constraint is not None:
+        from specjax.constraints import TokenAutomaton
+
+        if not isinstance(constraint, TokenAutomaton):
+            raise TypeError(f"constraint must come from sj.constraints (json_schema, regex), got "
+                            f"{type(constraint).__name__}")
+        if constraint.vocab_size > model.config.vocab_size:
+            raise ValueError(f"the constraint was built for a vocabulary of {constraint.vocab_size} "
+                             f"tokens, the model has {model.config.vocab_size}")
+        eos_token_id = list(dict.fromkeys(_eos_ids(eos_token_id) + constraint.eos_token_ids))
     p = plan(model.config, model, padded.shape[1], drafter, verifier, max_new_tokens, temperature,
              top_k, top_p, eos_token_id, bucketed=True)
     mesh = sharding.mesh_of(model)
@@ -443,18 +478,18 @@ def _compile_seconds() -> float:
 def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, drafter=None,
            verifier=None, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, key: jax.Array | None = None,
-           eos_token_id=None) -> Iterator[list[int]]:
+           eos_token_id=None, constraint=None) -> Iterator[list[int]]:
     """Yield the new token ids of one prompt as each jitted step produces them (a host loop over
     the same step `generate` compiles into its while_loop, for CLIs; shapes bucketed as there).
     The generator's return value (StopIteration.value) is the stats dict, with the same
-    timing as `generate`'s: decoding alone, and `compile_s` apart."""
+    timing as `generate`'s: decoding alone, and `compile_s` apart. `constraint` as in generate."""
     p, mesh, drafter, rows, _ = _placed(model, [list(prompt)], drafter, verifier, max_new_tokens,
-                                        temperature, top_k, top_p, eos_token_id)
+                                        temperature, top_k, top_p, eos_token_id, constraint)
     key = jax.random.key(0) if key is None else key
     compiled_before, t0 = _compile_seconds(), time.perf_counter()
     with sharding.use_mesh(mesh):  # a sharded model: traced for its mesh
         state = _prefill_jit(model, drafter, rows.prompts, rows.lengths, key, budget=rows.budget,
-                             settings=p.settings, cache_len=p.cache_len)
+                             settings=p.settings, cache_len=p.cache_len, constraint=constraint)
     emitted = 0
     while True:
         with sharding.use_mesh(mesh):

@@ -40,14 +40,15 @@ def exact_joint(target, params: SamplingParams, n=2):
     return joint / joint.sum()
 
 
-def sampled_joint(target, drafter, verifier, params, n=2, calls=4):
-    """Counts of the first n new tokens over SAMPLES generations from PROMPT."""
+def sampled_joint(target, drafter, verifier, params, n=2, calls=4, **generate_kwargs):
+    """Counts of the first n new tokens over SAMPLES generations from PROMPT (generate_kwargs:
+    e.g. a constraint)."""
     counts = np.zeros(V ** n)
     per_call = SAMPLES // calls
     for c in range(calls):
         out = sj.generate(target, np.tile(PROMPT, (per_call, 1)), max_new_tokens=n, drafter=drafter,
                           verifier=verifier, temperature=params.temperature, top_k=params.top_k,
-                          top_p=params.top_p, key=jax.random.key(100 + c))
+                          top_p=params.top_p, key=jax.random.key(100 + c), **generate_kwargs)
         idx = np.ravel_multi_index(out.tokens.T, [V] * n)
         counts += np.bincount(idx, minlength=V ** n)
     return counts

@@ -6,6 +6,7 @@ from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import Eagle
+from specjax.drafters.forced import Forced
 from specjax.drafters.jacobi import SpeculativeJacobi
 from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
@@ -13,4 +14,5 @@ from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.recycling import TokenRecycling
 
-__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "Clover", "Eagle", "Medusa", "Lookahead", "PPD", "HiddenTransfer", "PromptLookup", "SpeculativeJacobi", "TokenRecycling"]
+__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "Clover", "Eagle", "Forced", "Medusa", "Lookahead", "PPD",
+           "HiddenTransfer", "PromptLookup", "SpeculativeJacobi", "TokenRecycling"]

@@ -39,17 +39,32 @@ class Context(NamedTuple):
     length: int32[B], committed tokens per row; the root (not yet in the target's cache) is
       tokens[b, length[b] - 1];
     sampling: the static SamplingParams, which drafters apply to their own logits too;
-    model: the target Model being decoded (its params are the loop's, not a copy).
+    model: the target Model being decoded (its params are the loop's, not a copy);
+    constraint: the decode's `sj.constraints.TokenAutomaton` or None, and constraint_state
+      int32[B] its state after each row's committed output (the root's state). Drafters that
+      sample mask their logits with `constrain`, so their drafts follow the constraint too.
     """
 
     tokens: jax.Array
     length: jax.Array
     sampling: SamplingParams
     model: Model | None = None
+    constraint: Any = None
+    constraint_state: jax.Array | None = None
 
     @property
     def root(self) -> jax.Array:
         return jnp.take_along_axis(self.tokens, (self.length - 1)[:, None], axis=1)[:, 0]
+
+    def constrain(self, logits: jax.Array, tree: DraftTree | None = None, nodes=slice(0, 1)) -> jax.Array:
+        """logits float[B, n, V] of the tree nodes `nodes` (a slice of n nodes; tree None: the
+        root) with the tokens the constraint forbids after each node's path masked (unchanged
+        without a constraint)."""
+        if self.constraint is None:
+            return logits
+        states = (self.constraint_state[:, None] if tree is None
+                  else self.constraint.node_states(tree, self.constraint_state)[:, nodes])
+        return self.constraint.mask_logits(logits, states)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -163,7 +163,7 @@ class DraftModel(Drafter):
         tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(ctx.root)
         parents = jnp.broadcast_to(jnp.asarray(self._static_parents()), (b, n))
         q = jnp.zeros((b, n, cfg.vocab_size), jnp.float32)
-        dist = process(root_logits)  # [B, nodes of the previous level, V]
+        dist = process(ctx.constrain(root_logits))  # [B, nodes of the previous level, V]
         score = jnp.zeros((b, 1), jnp.float32)  # beam: perturbed scores G of the previous level
         logq = jnp.zeros((b, 1), jnp.float32)  # beam: log q of each previous-level sequence
         offset, prev_offset = 1, 0
@@ -177,7 +177,8 @@ class DraftModel(Drafter):
             q = q.at[:, nodes].set(jnp.take_along_axis(dist, par_local[:, :, None], axis=1))
             if level + 1 < len(levels):
                 tree = DraftTree.build(tokens, parents, max_depth=self.max_depth)
-                dist = process(self._tree_logits(tree, cache, ctx)[:, offset - 1: offset - 1 + width])
+                dist = process(ctx.constrain(self._tree_logits(tree, cache, ctx)[:, offset - 1: offset - 1 + width],
+                                             tree, nodes))
             prev_offset, offset = offset, offset + width
         valid = jnp.take_along_axis(q, tokens[:, :, None], axis=2)[..., 0] > 0
         valid = valid.at[:, 0].set(True)

@@ -1,0 +1,138 @@
+"""TokenAutomaton: a token-level DFA laid out as compact device arrays, and its pure functions.
+
+Layout (S states, padded to a bucket; V the model's vocabulary; E transitions):
+
+  mask:       uint32[S, ceil(V/32)]  bit t of row s: token t is allowed in state s
+  offsets:    int32[S + 1]           state s's transitions are entries offsets[s]:offsets[s+1]
+  tokens:     int32[E]               their tokens, ascending within each state
+  next_state: int32[E]               and the states they lead to
+  forced:     int32[S]               the one allowed token of a state that allows exactly one, else -1
+
+A dense [S, V] next-state table would be S * 49152 * 4 bytes (200 MB at 1000 states); the
+bitmask is 1/32 of that, and the transitions are stored once each (CSR), found by a binary
+search of fixed depth (log2 V gathers, vectorised over every row and tree node). State `dead`
+(the last row) is where a token the constraint forbids leads: it allows every token, so a
+draft node below a forbidden token gets a finite distribution; it is never reached by an
+accepted path, because forbidden tokens have probability zero under the constrained target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.tree import DraftTree
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenAutomaton:
+    """A compiled constraint (a pytree: arrays are leaves, sizes static). Build with
+    `sj.constraints.json_schema` / `sj.constraints.regex` or `TokenAutomaton.from_transitions`."""
+
+    mask: jax.Array
+    offsets: jax.Array
+    tokens: jax.Array
+    next_state: jax.Array
+    forced: jax.Array
+    initial: jax.Array  # int32[]: the start state
+    vocab_size: int = dataclasses.field(metadata=dict(static=True))
+    eos_token_ids: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
+
+    @property
+    def num_states(self) -> int:
+        """Rows, the dead state and bucket padding included."""
+        return self.mask.shape[0]
+
+    @property
+    def dead(self) -> int:
+        return self.num_states - 1
+
+    @classmethod
+    def from_transitions(cls, transitions: dict[int, dict[int, int]], initial: int, vocab_size: int,
+                         eos_token_ids: tuple[int, ...] = ()) -> TokenAutomaton:
+        """From {state: {token: next state}} (integer state ids). Sizes are padded to powers
+        of two, so constraints of similar size share one compiled program."""
+        src = np.concatenate([np.full(len(t), s, np.int64) for s, t in transitions.items()] + [[]])
+        tok = np.concatenate([np.fromiter(t, np.int64, len(t)) for t in transitions.values()] + [[]])
+        dst = np.concatenate([np.fromiter(t.values(), np.int64, len(t)) for t in transitions.values()] + [[]])
+        names = np.unique(np.concatenate([src, dst, [initial]]))  # state ids -> rows 0..
+        src, dst = np.searchsorted(names, src), np.searchsorted(names, dst).astype(np.int32)
+        rows = _bucket(len(names) + 1)
+        dead = rows - 1
+        if tok.size and (tok.min() < 0 or tok.max() >= vocab_size):
+            raise ValueError(f"a transition's token is outside the vocabulary [0, {vocab_size})")
+        order = np.lexsort((tok, src))
+        src, tok, dst = src[order].astype(np.int32), tok[order].astype(np.int32), dst[order]
+        counts = np.bincount(src, minlength=rows)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        forced = np.full(rows, -1, np.int32)
+        forced[counts == 1] = tok[offsets[:-1][counts == 1]]
+        words = -(-vocab_size // 32)
+        bits = np.zeros((rows, words * 32), bool)
+        bits[src, tok] = True
+        bits[len(names):] = True  # the dead state and the padding rows allow every token
+        edges = _bucket(max(len(tok), 1))
+        toks = np.concatenate([tok, np.full(edges - len(tok), vocab_size, np.int32)])  # sorts last
+        nxt = np.concatenate([dst, np.full(edges - len(dst), dead, np.int32)])
+        packed = np.packbits(bits.reshape(rows, words, 32)[..., ::-1], axis=-1).view(">u4")[..., 0]
+        return cls(jnp.asarray(packed.astype(np.uint32)), jnp.asarray(offsets), jnp.asarray(toks),
+                   jnp.asarray(nxt), jnp.asarray(forced), jnp.asarray(np.searchsorted(names, initial), jnp.int32),
+                   vocab_size, tuple(eos_token_ids))
+
+    # ---- device functions (pure; any leading shape) -------------------------------------------
+
+    def allowed(self, states: jax.Array) -> jax.Array:
+        """bool[..., V]: the tokens each state allows."""
+        words = self.mask[states]  # [..., W]
+        bits = (words[..., None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
+        return bits.reshape(*states.shape, -1)[..., : self.vocab_size].astype(bool)
+
+    def step(self, states: jax.Array, tokens: jax.Array) -> jax.Array:
+        """int32[...]: the state after each token (`dead` where the state forbids it)."""
+        def halve(_, bounds):  # lower-bound binary search within each state's transitions
+            lo, hi = bounds
+            mid = (lo + hi) // 2
+            go_right = (lo < hi) & (self.tokens[jnp.minimum(mid, self.tokens.shape[0] - 1)] < tokens)
+            return jnp.where(go_right, mid + 1, lo), jnp.where(go_right, hi, mid)
+
+        rounds = int(np.ceil(np.log2(self.vocab_size + 1)))
+        lo, _ = jax.lax.fori_loop(0, rounds, halve, (self.offsets[states], self.offsets[states + 1]))
+        at = jnp.minimum(lo, self.tokens.shape[0] - 1)
+        found = (lo < self.offsets[states + 1]) & (self.tokens[at] == tokens)
+        return jnp.where(found, self.next_state[at], self.dead).astype(jnp.int32)
+
+    def node_states(self, tree: DraftTree, root_states: jax.Array) -> jax.Array:
+        """int32[B, N]: the state after each node's path, given the state after the root
+        (root_states int32[B]): every node's state advanced along its own path."""
+        parents = jnp.maximum(tree.parents, 0)
+
+        def advance(_, states):  # after d rounds, nodes of depth <= d are right
+            parent_states = jnp.take_along_axis(states, parents, axis=1)
+            return jnp.where(tree.parents >= 0, self.step(parent_states, tree.tokens), states)
+
+        start = jnp.broadcast_to(root_states[:, None], tree.tokens.shape).astype(jnp.int32)
+        return jax.lax.fori_loop(0, tree.max_depth, advance, start)
+
+    def mask_logits(self, logits: jax.Array, states: jax.Array) -> jax.Array:
+        """logits float[..., V] with the tokens `states` int[...] forbid set to -inf; sampling
+        then renormalises over the allowed tokens (top-k / top-p among them)."""
+        v = logits.shape[-1]
+        allowed = self.allowed(states)
+        if v > self.vocab_size:
+            allowed = jnp.pad(allowed, [(0, 0)] * states.ndim + [(0, v - self.vocab_size)])
+        return jnp.where(allowed[..., :v], logits, -jnp.inf)
+
+    def prune(self, tree: DraftTree, node_states: jax.Array) -> DraftTree:
+        """The tree without the nodes whose token their parent's state forbids (their state is
+        `dead`). Only for deterministic drafts (q None): there a forbidden node is rejected
+        with certainty and leaves the residual as it was, so removing it changes no law."""
+        return DraftTree.build(tree.tokens, tree.parents, valid=tree.valid & (node_states != self.dead),
+                               max_depth=tree.max_depth)
+
+
+def _bucket(n: int) -> int:
+    return max(8, 1 << (int(n) - 1).bit_length())

@@ -1,0 +1,112 @@
+"""Forced: forced-token drafting for constrained decoding, around any drafter.
+
+Where the constraint (`sj.constraints`) allows exactly one token, that token is certain: the
+constrained target gives it probability 1. Up to `max_forced` such tokens in a row are drafted
+as a chain with q = 1 (so `{"name": "` costs no target steps to guess), and the inner
+drafter's tree continues from the chain's end: it proposes from a context where the forced
+tokens are already committed, which they will be. Node layout, per row with k forced tokens:
+root, the k forced tokens, the inner tree's non-root nodes, then the unused forced slots
+(invalid), so a chain drafter's tree stays a chain in index order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters.base import Context, Drafter, NoDrafter
+from specjax.tree import DraftTree
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Forced(Drafter):
+    """Drafts the constraint's forced tokens, then `inner`'s tree (default: none). `inner` must
+    keep its state without `update` (NoDrafter, PromptLookup, Lookahead, DraftModel)."""
+
+    inner: Drafter = dataclasses.field(default_factory=NoDrafter)
+    max_forced: int = dataclasses.field(default=8, metadata=dict(static=True))
+
+    def __post_init__(self):
+        if not isinstance(self.inner, Drafter):
+            raise TypeError(f"inner must be a specjax drafter, got {type(self.inner).__name__}")
+        if type(self.inner).update is not Drafter.update or type(self.inner).injection is not Drafter.injection:
+            raise ValueError(f"Forced cannot wrap {self.inner.name}: its state is updated from the "
+                             "verify pass, which sees the combined tree")
+        if not isinstance(self.max_forced, int) or self.max_forced < 1:
+            raise ValueError(f"max_forced must be an integer >= 1, got {self.max_forced!r}")
+
+    @property
+    def name(self) -> str:
+        return f"forced+{self.inner.name}"
+
+    @property
+    def num_nodes(self) -> int:
+        return self.max_forced + self.inner.num_nodes
+
+    @property
+    def max_depth(self) -> int:
+        return self.max_forced + self.inner.max_depth
+
+    @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        """The inner sizes, and each with room for max_forced forced tokens (one compiled
+        forward per size: finer steps would cost compile time for little)."""
+        return tuple(sorted({s + j for s in self.inner.tree_sizes for j in (0, self.max_forced)}))
+
+    def default_verifier(self, sampling):
+        return self.inner.default_verifier(sampling)
+
+    def check(self, target):
+        self.inner.check(target)
+
+    def init(self, target, prompts, lengths, cache_len, prefill=None):
+        return self.inner.init(target, prompts, lengths, cache_len, prefill)
+
+    def propose(self, state, ctx: Context, key):
+        forced, k, inner_ctx = self._forced(ctx)
+        inner, state = self.inner.propose(state, inner_ctx, key)
+        b, n_in, f = ctx.tokens.shape[0], self.inner.num_nodes, self.max_forced
+        rows = jnp.arange(b)[:, None]
+        j = jnp.arange(1, f + 1)[None, :]
+        used = j <= k[:, None]
+        at_forced = jnp.where(used, j, j + n_in - 1)  # unused forced slots go last
+        at_inner = k[:, None] + jnp.arange(1, n_in)[None, :]
+        tokens = jnp.zeros((b, self.num_nodes), jnp.int32).at[:, 0].set(ctx.root)
+        tokens = tokens.at[rows, at_forced].set(forced).at[rows, at_inner].set(inner.tokens[:, 1:])
+        inner_parents = inner.parents[:, 1:]
+        parents = jnp.full((b, self.num_nodes), -1, jnp.int32)
+        parents = parents.at[rows, at_forced].set(jnp.where(used, j - 1, 0))
+        parents = parents.at[rows, at_inner].set(jnp.where(inner_parents == 0, k[:, None], k[:, None] + inner_parents))
+        valid = jnp.ones((b, self.num_nodes), bool).at[rows, at_forced].set(used)
+        valid = valid.at[rows, at_inner].set(inner.valid[:, 1:])
+        q = None
+        if inner.q is not None:
+            v = inner.q.shape[-1]
+            q = jnp.zeros((b, self.num_nodes, v), jnp.float32).at[rows, at_forced].set(jax.nn.one_hot(forced, v))
+            q = q.at[rows, at_inner].set(inner.q[:, 1:])
+        return DraftTree.build(tokens, parents, q=q, valid=valid, max_depth=self.max_depth), state
+
+    def _forced(self, ctx: Context):
+        """The forced tokens int32[B, max_forced] from the root's state, their count k int32[B]
+        (EOS is not drafted), and the inner drafter's context with them committed."""
+        b = ctx.tokens.shape[0]
+        if ctx.constraint is None:
+            return jnp.zeros((b, self.max_forced), jnp.int32), jnp.zeros((b,), jnp.int32), ctx
+        automaton, state = ctx.constraint, ctx.constraint_state
+        eos = jnp.array(automaton.eos_token_ids or (-1,))
+
+        def follow(carry, _):
+            state, alive = carry
+            t = automaton.forced[state]
+            alive &= (t >= 0) & ~jnp.isin(t, eos)
+            return (jnp.where(alive, automaton.step(state, t), state), alive), (jnp.where(alive, t, 0), alive)
+
+        (state, _), (tokens, alive) = jax.lax.scan(follow, (state, jnp.ones((b,), bool)), length=self.max_forced)
+        tokens, k = tokens.T, alive.sum(0, dtype=jnp.int32)
+        idx = ctx.length[:, None] + jnp.arange(self.max_forced)[None, :]
+        idx = jnp.where(jnp.arange(self.max_forced)[None, :] < k[:, None], idx, ctx.tokens.shape[1])
+        history = ctx.tokens.at[jnp.arange(b)[:, None], idx].set(tokens, mode="drop")
+        return tokens, k, ctx._replace(tokens=history, length=ctx.length + k, constraint_state=state)
