@@ -158,7 +158,7 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     The state's accepted_hist counts the step at its accepted depth (its width is the state's:
     a loop over several drafters carries the widest)."""
     key, draft_key, verify_key = jax.random.split(state.key, 3)
-    ctx = Context(state.history, state.length, settings.sampling, model)
+    ctx = Context(state.history, state.length, settings.sampling, model, state.cache)
     tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
     positions = tree.positions(state.cache.lengths)
     active = ~state.done

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import verify
-from specjax.models import ForwardOutput, Injection, Model
+from specjax.models import ForwardOutput, Injection, KVCache, Model
 from specjax.sampling import SamplingParams
 from specjax.tree import DraftTree, Verdict
 
@@ -39,13 +39,15 @@ class Context(NamedTuple):
     length: int32[B], committed tokens per row; the root (not yet in the target's cache) is
       tokens[b, length[b] - 1];
     sampling: the static SamplingParams, which drafters apply to their own logits too;
-    model: the target Model being decoded (its params are the loop's, not a copy).
+    model: the target Model being decoded (its params are the loop's, not a copy);
+    cache: the target's KVCache, slots [0, length - 1) committed (self-drafters read it).
     """
 
     tokens: jax.Array
     length: jax.Array
     sampling: SamplingParams
     model: Model | None = None
+    cache: KVCache | None = None
 
     @property
     def root(self) -> jax.Array:
