@@ -163,7 +163,8 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     a loop over several drafters carries the widest)."""
     key, draft_key, verify_key = jax.random.split(state.key, 3)
     automaton = state.constraint
-    ctx = Context(state.history, state.length, settings.sampling, model, automaton, state.constraint_state)
+    ctx = Context(state.history, state.length, settings.sampling, model, state.cache, automaton,
+                  state.constraint_state)
     tree, dstate = drafter.propose(state.drafter_state, ctx, draft_key)
     if automaton is not None:  # every node's state along its own path
         node_states = automaton.node_states(tree, state.constraint_state)

@@ -53,6 +53,15 @@ def test_model_free_drafters_keep_greedy_output(name, smollm2, chats, ar_tokens)
     assert out.stats["tau"] > 1.05, out.stats  # the repeated sentence gets drafted and accepted
 
 
+@pytest.mark.parametrize("name", ["swift", "del"])
+def test_self_speculative_drafters_keep_greedy_output(name, smollm2, chats, ar_tokens):
+    """The target drafting with its own layers skipped (Swift) or cut (DEL), on the real model's
+    KV cache: same tokens as AR. (Their tau on this untrained-for-early-exit model may be ~1.)"""
+    model, _ = smollm2
+    out = sj.generate(model, chats, max_new_tokens=40, drafter=named_drafter(name, model))
+    np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
+
+
 def _first_two_law(model, prompt, params):
     """The exact law of the first two new tokens (top-k keeps the support small)."""
     p1 = np.asarray(probs(sj.forward(model, jnp.array([prompt]))[:, -1], params)[0], np.float64)

@@ -11,8 +11,10 @@ MAX_KERNEL_NODES = 256  # longer blocks (prefill) are not tree verification: XLA
 def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
                    q_positions=None, window=None, scale=None, softcap=None, interpret=False,
                    impl: str | None = None):
-    """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,N,KV,hd],
-    tree_mask bool[B,N,N] -> [B,N,Hq,hd] in q's dtype (contract: reference.tree_attention).
+    """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,M,KV,hd],
+    tree_mask bool[B,N,M] -> [B,N,Hq,hd] in q's dtype (contract: reference.tree_attention).
+    M is N when the queries are the tree's own nodes; a block of M != N entries (a
+    self-drafter's scratch, drafters/self_draft.py) runs the reference.
 
     Runs the GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
     `interpret`); the reference runs on CPU, with a sliding `window`, a `scale` other than
@@ -23,12 +25,13 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
     s, kv = k_cache.shape[1], k_cache.shape[2]
     if hq % kv:
         raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({kv})")
-    if k_tree.shape != (b, n, kv, hd) or tree_mask.shape != (b, n, n):
-        raise ValueError(f"k_tree must be {(b, n, kv, hd)} and tree_mask {(b, n, n)}, got "
+    m = k_tree.shape[1]
+    if k_tree.shape != (b, m, kv, hd) or tree_mask.shape != (b, n, m):
+        raise ValueError(f"k_tree must be {(b, m, kv, hd)} and tree_mask {(b, n, m)}, got "
                          f"{k_tree.shape} and {tree_mask.shape}")
     impl = pick_impl(impl, interpret)
     fallback = (window is not None or softcap is not None or (scale is not None and scale != hd ** -0.5)
-                or s == 0 or n > MAX_KERNEL_NODES)
+                or s == 0 or n > MAX_KERNEL_NODES or m != n)
     if impl == "gpu" and not fallback and gpu.supports(q, k_cache):
         return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
                                   interpret=interpret)

@@ -1,7 +1,7 @@
 """Tree attention in pure JAX: the definition every kernel is tested against.
 
 Row b's N tree queries attend to the row's cache slots [0, lengths[b]) and to tree node j where
-tree_mask[b, i, j]. Grouped-query attention: query head h reads kv head h // (Hq // KV).
+tree_mask[b, i, j] (M tree entries, usually the N queries' own). Grouped-query attention: query head h reads kv head h // (Hq // KV).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 
 def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
                    q_positions=None, window=None, scale=None, softcap=None):
-    """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,N,KV,hd],
-    tree_mask bool[B,N,N] -> [B,N,Hq,hd] in q's dtype. Scores are q.k * scale (default
+    """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,M,KV,hd],
+    tree_mask bool[B,N,M] -> [B,N,Hq,hd] in q's dtype. Scores are q.k * scale (default
     1/sqrt(hd)), soft-capped to softcap * tanh(scores / softcap) when `softcap` is given.
 
     With `window` (sliding-window attention; a scalar, which may be traced) a query at position

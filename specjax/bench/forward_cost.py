@@ -40,10 +40,16 @@ def forward_seconds(model: Model, batch: int, n: int, *, cached: int, cache_len:
             return acc + (dense(out.hidden, w, out_dtype=jnp.float32)[0, 0, 0] if head_rows else out.hidden[0, 0, 0].astype(jnp.float32))
         return jax.lax.fori_loop(0, loop, body, 0.0)
 
-    run(model.params, cache).block_until_ready()
+    return loop_seconds(run, model.params, cache, loop=loop, reps=reps)
+
+
+def loop_seconds(run, *args, loop: int, reps: int) -> float:
+    """Seconds per iteration of `run(*args)`, a compiled loop of `loop` iterations: the least of
+    `reps` timed calls after a compiling one."""
+    run(*args).block_until_ready()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        run(model.params, cache).block_until_ready()
+        run(*args).block_until_ready()
         best = min(best, (time.perf_counter() - t0) / loop)
     return best

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import verify
-from specjax.models import ForwardOutput, Injection, Model
+from specjax.models import ForwardOutput, Injection, KVCache, Model
 from specjax.sampling import SamplingParams
 from specjax.tree import DraftTree, Verdict
 
@@ -40,6 +40,7 @@ class Context(NamedTuple):
       tokens[b, length[b] - 1];
     sampling: the static SamplingParams, which drafters apply to their own logits too;
     model: the target Model being decoded (its params are the loop's, not a copy);
+    cache: the target's KVCache, slots [0, length - 1) committed (self-drafters read it);
     constraint: the decode's `sj.constraints.TokenAutomaton` or None, and constraint_state
       int32[B] its state after each row's committed output (the root's state). Drafters that
       sample mask their logits with `constrain`, so their drafts follow the constraint too.
@@ -49,6 +50,7 @@ class Context(NamedTuple):
     length: jax.Array
     sampling: SamplingParams
     model: Model | None = None
+    cache: KVCache | None = None
     constraint: Any = None
     constraint_state: jax.Array | None = None
 

@@ -15,6 +15,7 @@ from typing import Callable
 from specjax.drafters.base import Drafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
+from specjax.drafters.dynamic_exit import DEL, spread_exits
 from specjax.drafters.eagle import Eagle
 from specjax.drafters.jacobi import SpeculativeJacobi
 from specjax.drafters.lookahead import Lookahead
@@ -22,6 +23,7 @@ from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.recycling import TokenRecycling
+from specjax.drafters.swift import Swift
 from specjax.models import Model
 
 
@@ -50,6 +52,8 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "clover": lambda target: Clover.load("tiny", target=target, tree_size=8),
     "ppd": lambda target: PPD.load("tiny", tree_size=8, guess_budget=8),
     "hidden-transfer": lambda target: HiddenTransfer.load("tiny", tree_size=8, guess_budget=8),
+    "swift": lambda target: Swift(depth=6),
+    "del": lambda target: DEL(exits=spread_exits(target.config.num_layers), depth=6),
 }
 
 

@@ -107,7 +107,7 @@ def rms_norm(x, w, eps, offset=0.0):
     return ((offset + w.astype(jnp.float32)) * x32).astype(x.dtype)
 
 
-def _norm(config: ModelConfig, x, w):
+def norm(config: ModelConfig, x, w):
     return rms_norm(x, w, config.rms_norm_eps, config.norm_offset)
 
 
@@ -168,10 +168,8 @@ def layer_rope_and_windows(config: ModelConfig):
                           jnp.int32)
 
 
-def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
-                     window=None):
-    """Self-attention of one layer; returns (output, k_new, v_new). `window` (scalar, may be
-    traced) limits the cache slots seen; the tree mask must already hold it."""
+def attention_qkv(config, lp, x, positions, inv_freq):
+    """One layer's roped queries [B,T,H,hd], keys and values [B,T,KV,hd] from the normed x [B,T,E]."""
     c = config
     b, t, _ = x.shape
     q = dense(x, lp["wq"])
@@ -183,14 +181,39 @@ def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengt
     k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
     v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.qk_norm:
-        q = _norm(c, q, lp["q_norm"])
-        k = _norm(c, k, lp["k_norm"])
-    q = apply_rope(q, positions, inv_freq)
-    k = apply_rope(k, positions, inv_freq)
+        q = norm(c, q, lp["q_norm"])
+        k = norm(c, k, lp["k_norm"])
+    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+
+def attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k_block, v_block, mask,
+                     window=None):
+    """The queries q [B,T,H,hd] attend to the cache slots [0, lengths) and to the block of new
+    keys/values [B,M,KV,hd] that `mask` bool[B,T,M] allows; returns the output projection
+    [B,T,E] (post-attention-normed where configured). `window` (scalar, may be traced) limits
+    the cache slots seen; the mask must already hold it."""
+    c = config
+    b, t = q.shape[:2]
     scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
-    out = tree_attention(q, k_cache, v_cache, lengths, k, v, tree_mask, q_positions=positions,
+    out = tree_attention(q, k_cache, v_cache, lengths, k_block, v_block, mask, q_positions=positions,
                          window=window, scale=scale, softcap=c.attn_logit_softcapping)
-    return dense(out.reshape(b, t, -1), lp["wo"]), k, v
+    h = dense(out.reshape(b, t, -1), lp["wo"])
+    return norm(c, h, lp["post_attn_norm"]) if c.sandwich_norms else h
+
+
+def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
+                     window=None):
+    """Self-attention of one layer over the normed x, the new tokens seeing each other by
+    `tree_mask`; returns (output, k_new, v_new) (heads call it with sandwich_norms off)."""
+    q, k, v = attention_qkv(config, lp, x, positions, inv_freq)
+    return attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k, v, tree_mask,
+                            window), k, v
+
+
+def mlp_residual(config, lp, x):
+    """x + the layer's MLP over the normed x (post-MLP-normed where configured)."""
+    h = mlp_block(lp, norm(config, x, lp["mlp_norm"]), config.hidden_act)
+    return x + (norm(config, h, lp["post_mlp_norm"]) if config.sandwich_norms else h)
 
 
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
@@ -253,21 +276,15 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
             x = jax.lax.cond(index == inject.layer,
                              lambda x: x.at[:, t:].set(inject.make(x[:, :t]).astype(x.dtype)), lambda x: x, x)
         mask = tree_mask if window is None else tree_mask & (distance < window)
-        h, k_new, v_new = attention_block(c, lp, _norm(c, x, lp["attn_norm"]), positions, mask,
+        h, k_new, v_new = attention_block(c, lp, norm(c, x, lp["attn_norm"]), positions, mask,
                                            k_layer, v_layer, lengths, inv_freq, window)
-        if c.sandwich_norms:
-            h = _norm(c, h, lp["post_attn_norm"])
-        x = x + h
-        h = mlp_block(lp, _norm(c, x, lp["mlp_norm"]), c.hidden_act)
-        if c.sandwich_norms:
-            h = _norm(c, h, lp["post_mlp_norm"])
-        x = x + h
+        x = mlp_residual(c, lp, x + h)
         return x, (k_new, v_new, x if return_layers else None)
 
     x, (k_new, v_new, per_layer) = jax.lax.scan(
         layer, x, (params["layers"], k_cache, v_cache, jnp.arange(c.num_layers), inv_freqs, windows))
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
-    hidden = _norm(c, x, params["norm"])
+    hidden = norm(c, x, params["norm"])
     logits = lm_head(config, params, hidden) if compute_logits else None
     # one scatter of every layer's new entries (not the injected ones) at slots [lengths, lengths + T)
     k_new, v_new = k_new[:, :, :t], v_new[:, :, :t]
