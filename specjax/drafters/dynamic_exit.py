@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters import self_draft
-from specjax.drafters.base import Context, Drafter
+from specjax.drafters.base import Context
 from specjax.models import Model, ModelConfig, lm_head
 from specjax.models.layer_skip import exit_logits
 
@@ -60,7 +60,7 @@ class DELState(NamedTuple):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class DEL(Drafter):
+class DEL(self_draft.SelfDrafter):
     """DEL over the candidate exit layers `exits` (layer counts in 1..L-1; see spread_exits)."""
 
     exits: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
@@ -74,30 +74,13 @@ class DEL(Drafter):
     def __post_init__(self):
         if not self.exits or list(self.exits) != sorted(set(self.exits)) or self.exits[0] < 1:
             raise ValueError(f"exits must be ascending layer counts >= 1, got {self.exits}")
-        for field in ("depth", "window"):
-            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
-                raise ValueError(f"{field} must be an integer >= 1, got {getattr(self, field)!r}")
+        self_draft.check_positive_ints(self, "depth", "window")
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"decay must be in [0, 1), got {self.decay}")
 
     @property
-    def num_nodes(self) -> int:
-        return self.depth + 1
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth
-
-    @property
-    def tree_sizes(self) -> tuple[int, ...]:
-        return self_draft.chain_sizes(self.depth)
-
-    @property
     def target_layers(self) -> tuple[int, ...]:
         return tuple(e - 1 for e in self.exits)  # exit after l layers = decoder layer l - 1's output
-
-    def default_verifier(self, params):
-        return self_draft.default_verifier(params)
 
     def check(self, target: Model) -> None:
         if self.exits[-1] >= target.config.num_layers:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import sampling, verify
-from specjax.drafters.base import Context
+from specjax.drafters.base import Context, Drafter
 from specjax.models import lm_head
 from specjax.models.layer_skip import empty_block, skip_forward
 from specjax.tree import DraftTree, chain
@@ -28,8 +28,32 @@ def chain_sizes(depth: int) -> tuple[int, ...]:
     return tuple(sorted({1 << i for i in range(depth.bit_length()) if 1 << i <= depth} | {depth + 1}))
 
 
-def default_verifier(params: sampling.SamplingParams) -> verify.Verifier:
-    return verify.Greedy() if params.greedy else verify.SpeculativeSampling()
+def check_positive_ints(drafter, *fields: str) -> None:
+    """Raise the one-line error for a setting that is not an integer >= 1."""
+    for field in fields:
+        value = getattr(drafter, field)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+
+
+class SelfDrafter(Drafter):
+    """The shape both self-drafters share: a chain of up to `depth` drafts (a `depth` field),
+    verified at `chain_sizes`, by speculative sampling when sampling."""
+
+    @property
+    def num_nodes(self) -> int:
+        return self.depth + 1
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        return chain_sizes(self.depth)
+
+    def default_verifier(self, params: sampling.SamplingParams) -> verify.Verifier:
+        return verify.Greedy() if params.greedy else verify.SpeculativeSampling()
 
 
 def draft_chain(ctx: Context, key: jax.Array, keep_attn: jax.Array, keep_mlp: jax.Array, depth: int,

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters import self_draft
-from specjax.drafters.base import Context, Drafter
+from specjax.drafters.base import Context
 from specjax.models import Model, lm_head
 from specjax.models.layer_skip import empty_block, skip_forward
 
@@ -46,7 +46,7 @@ class SwiftState(NamedTuple):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Swift(Drafter):
+class Swift(self_draft.SelfDrafter):
     """SWIFT self-speculation; see the module docstring for the settings."""
 
     depth: int = dataclasses.field(default=6, metadata=dict(static=True))
@@ -60,28 +60,11 @@ class Swift(Drafter):
     name = "swift"
 
     def __post_init__(self):
-        for field in ("depth", "window", "swaps"):
-            if not isinstance(getattr(self, field), int) or getattr(self, field) < 1:
-                raise ValueError(f"{field} must be an integer >= 1, got {getattr(self, field)!r}")
+        self_draft.check_positive_ints(self, "depth", "window", "swaps")
         if not isinstance(self.search_steps, int) or self.search_steps < 0:
             raise ValueError(f"search_steps must be an integer >= 0, got {self.search_steps!r}")
         if not 0.0 <= self.skip_ratio < 1.0:
             raise ValueError(f"skip_ratio must be in [0, 1), got {self.skip_ratio}")
-
-    @property
-    def num_nodes(self) -> int:
-        return self.depth + 1
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth
-
-    @property
-    def tree_sizes(self) -> tuple[int, ...]:
-        return self_draft.chain_sizes(self.depth)
-
-    def default_verifier(self, params):
-        return self_draft.default_verifier(params)
 
     def check(self, target: Model) -> None:
         if target.config.num_layers < 3:
