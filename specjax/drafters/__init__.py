@@ -2,6 +2,7 @@
 family (base: the protocol and AR; sparse_tree: Medusa's static tree, shared by the head
 drafters; checkpoints of heads live in `specjax.convert.heads`)."""
 
+from specjax.drafters.aded import ADED
 from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
@@ -10,6 +11,9 @@ from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.rasd import RASD
 from specjax.drafters.recycling import TokenRecycling
+from specjax.drafters.sam import SAM
 
-__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "Clover", "Eagle", "Medusa", "Lookahead", "PPD", "HiddenTransfer", "PromptLookup", "TokenRecycling"]
+__all__ = ["Context", "Drafter", "NoDrafter", "DraftModel", "Clover", "Eagle", "Medusa", "Lookahead", "PPD", "HiddenTransfer", "PromptLookup", "TokenRecycling",
+           "SAM", "ADED", "RASD"]
