@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from specjax.drafters.aded import ADED
 from specjax.drafters.base import Drafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
@@ -20,7 +21,9 @@ from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.rasd import RASD
 from specjax.drafters.recycling import TokenRecycling
+from specjax.drafters.sam import SAM
 from specjax.models import Model
 
 
@@ -42,6 +45,11 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "prompt-lookup": lambda target: PromptLookup(max_ngram=3, num_tokens=6, min_ngram=2),
     "lookahead": lambda target: Lookahead(decoding_length=7, branch_length=4, max_nodes=2048),
     "recycling": lambda target: TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)),
+    "sam": lambda target: SAM(draft_lengths=((2, 3), (4, 7), (8, 15))),
+    "sam-recycling": lambda target: SAM(draft_lengths=((2, 3), (4, 7), (8, 15)),
+                                        fallback=TokenRecycling(template=(-1, 0, 0, 1))),
+    "rasd": lambda target: RASD(TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)), SAM(), budget=8),
+    "aded": lambda target: ADED(tree_nodes=8, depth=5),
     "medusa": lambda target: Medusa.load("tiny", tree_size=8),
     "eagle": lambda target: Eagle.load("tiny", target=target, top_k=4, depth=4, total_tokens=8),
     "clover": lambda target: Clover.load("tiny", target=target, tree_size=8),
