@@ -2,7 +2,7 @@
 
 The trees are sized for the CPU, where a verify step over N tree tokens costs about as much as
 N / 4 single-token steps once N passes ~8 (the target's matmuls turn compute-bound): every
-named tree has 4-8 nodes. Prompt lookup drafts only on a match of 2 or more tokens: on
+named tree has 4-8 nodes, but for SAM's 16-node chain, drafted only after an 8-token match. Prompt lookup drafts only on a match of 2 or more tokens: on
 SmolLM2's answers a 1-token match almost always exists and rarely holds, and its 7-node verify
 then costs more than it returns (benchmarks/prompt_lookup_policy.py). On a GPU larger trees pay; build the drafter yourself there (e.g.
 `TokenRecycling()` with the paper's 81-node template, `Lookahead()` with its defaults).
