@@ -26,12 +26,12 @@ def sharp_model(seed: int) -> sj.Model:
     return sj.Model(init_params(cfg, jax.random.key(seed), std=0.6), cfg)
 
 
-def exact_joint(target, params: SamplingParams, n=2):
+def exact_joint(target, params: SamplingParams, n=2, prompt=PROMPT):
     """P(first n new tokens) by enumeration with sj.forward."""
     seqs = [()]
     table = {}
     for depth in range(n):
-        batch = jnp.array([PROMPT + list(s) for s in seqs])
+        batch = jnp.array([list(prompt) + list(s) for s in seqs])
         p = np.asarray(probs(sj.forward(target, batch)[:, -1], params), np.float64)
         for s, row in zip(seqs, p):
             table[s] = row
@@ -40,13 +40,13 @@ def exact_joint(target, params: SamplingParams, n=2):
     return joint / joint.sum()
 
 
-def sampled_joint(target, drafter, verifier, params, n=2, calls=4, **generate_kwargs):
-    """Counts of the first n new tokens over SAMPLES generations from PROMPT (generate_kwargs:
+def sampled_joint(target, drafter, verifier, params, n=2, calls=4, prompt=PROMPT, **generate_kwargs):
+    """Counts of the first n new tokens over SAMPLES generations from `prompt` (generate_kwargs:
     e.g. a constraint)."""
     counts = np.zeros(V ** n)
     per_call = SAMPLES // calls
     for c in range(calls):
-        out = sj.generate(target, np.tile(PROMPT, (per_call, 1)), max_new_tokens=n, drafter=drafter,
+        out = sj.generate(target, np.tile(prompt, (per_call, 1)), max_new_tokens=n, drafter=drafter,
                           verifier=verifier, temperature=params.temperature, top_k=params.top_k,
                           top_p=params.top_p, key=jax.random.key(100 + c), **generate_kwargs)
         idx = np.ravel_multi_index(out.tokens.T, [V] * n)

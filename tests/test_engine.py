@@ -153,7 +153,8 @@ def tiny_prompts():
 
 
 @pytest.mark.parametrize("name", ["draft-chain", "draft-iid", "draft-gumbel", "draft-beam", "draft-topk", "draft-dyspec",
-                                  "prompt-lookup", "lookahead", "recycling"])
+                                  "prompt-lookup", "lookahead", "recycling", "sam", "sam-recycling", "rasd",
+                                  "aded"])
 def test_greedy_equals_autoregressive_on_the_shipped_model(name, tiny_prompts):
     from specjax.drafters.named import named_drafter
     tiny = sj.load("tiny")

@@ -45,7 +45,8 @@ def ar_tokens(smollm2, chats):
     return sj.generate(smollm2[0], chats, max_new_tokens=40).tokens
 
 
-@pytest.mark.parametrize("name", ["prompt-lookup", "lookahead", "recycling", "sjd"])
+@pytest.mark.parametrize("name", ["prompt-lookup", "lookahead", "recycling", "sjd", "sam", "sam-recycling", "rasd",
+                                  "aded"])
 def test_model_free_drafters_keep_greedy_output(name, smollm2, chats, ar_tokens):
     model, _ = smollm2
     out = sj.generate(model, chats, max_new_tokens=40, drafter=named_drafter(name, model))

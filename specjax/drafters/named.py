@@ -2,7 +2,7 @@
 
 The trees are sized for the CPU, where a verify step over N tree tokens costs about as much as
 N / 4 single-token steps once N passes ~8 (the target's matmuls turn compute-bound): every
-named tree has 4-8 nodes. Prompt lookup drafts only on a match of 2 or more tokens: on
+named tree has 4-8 nodes, but for SAM's 16-node chain, drafted only after an 8-token match. Prompt lookup drafts only on a match of 2 or more tokens: on
 SmolLM2's answers a 1-token match almost always exists and rarely holds, and its 7-node verify
 then costs more than it returns (benchmarks/prompt_lookup_policy.py). On a GPU larger trees pay; build the drafter yourself there (e.g.
 `TokenRecycling()` with the paper's 81-node template, `Lookahead()` with its defaults).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from specjax.drafters.aded import ADED
 from specjax.drafters.base import Drafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
@@ -22,7 +23,9 @@ from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.rasd import RASD
 from specjax.drafters.recycling import TokenRecycling
+from specjax.drafters.sam import SAM
 from specjax.drafters.swift import Swift
 from specjax.models import Model
 
@@ -47,6 +50,11 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "lookahead": lambda target: Lookahead(decoding_length=7, branch_length=4, max_nodes=2048),
     "recycling": lambda target: TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)),
     "sjd": lambda target: SpeculativeJacobi(window=3),
+    "sam": lambda target: SAM(draft_lengths=((2, 3), (4, 7), (8, 15))),
+    "sam-recycling": lambda target: SAM(draft_lengths=((2, 3), (4, 7), (8, 15)),
+                                        fallback=TokenRecycling(template=(-1, 0, 0, 1))),
+    "rasd": lambda target: RASD(TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)), SAM(), budget=8),
+    "aded": lambda target: ADED(tree_nodes=8, depth=5),
     "medusa": lambda target: Medusa.load("tiny", tree_size=8),
     "eagle": lambda target: Eagle.load("tiny", target=target, top_k=4, depth=4, total_tokens=8),
     "clover": lambda target: Clover.load("tiny", target=target, tree_size=8),
