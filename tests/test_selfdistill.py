@@ -228,3 +228,14 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
     got = sj.generate(model, prompts, max_new_tokens=16, drafter=head)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     assert got.stats["target_calls"] < want.stats["target_calls"]
+
+    # bad settings are one-line errors
+    from specjax.train.loop import data_source
+    from specjax.train.objectives import make_objective
+
+    with pytest.raises(ValueError, match="features is for the eagle3 objective"):
+        data_source(from_dict({**raw, "train": {**raw["train"], "objective": "medusa1"}, "heads": {"target": "tiny"}}))
+    with pytest.raises(ValueError, match="draft_vocab_size needs token_counts"):
+        make_objective(from_dict({**raw, "heads": {**raw["heads"], "token_counts": ""}}))
+    with pytest.raises(ValueError, match="caches layers"):
+        FeatureWindows(folder, (1, 2, 4), 33, seed=0)
