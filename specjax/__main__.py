@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--draft", default="tiny-draft", help="draft model for draft-*, adaptive-draft-chain, hf-assisted")
     bn.add_argument("--methods", nargs="+", default=None,
                     help="drafter names, adaptive-draft-chain, adaptive-prompt-lookup, hf-ar, hf-assisted, "
-                         "hf-prompt-lookup (default: all)")
+                         "hf-prompt-lookup, eagle:FOLDER (a trained EAGLE head) (default: all)")
     bn.add_argument("--prompts", default="stdlib",
                     help="stdlib (held-out code, for the tiny model; default), humaneval, chat (the "
                          "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")

@@ -152,3 +152,90 @@ def test_draft_vocabulary_keeps_the_most_frequent_ids():
 def test_distill_cli_rejects_bad_settings(args, tmp_path, capsys):
     assert main(["--model", "tiny", "--out", str(tmp_path), *args]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_sparse_distillation_is_the_restricted_renormalised_target():
+    """With every id in the top-k, the sparse loss equals the dense soft CE against the target
+    restricted to the draft vocabulary and renormalised; ids outside it carry no mass."""
+    from specjax.train.objectives.scoring import distill, sparse_distill
+
+    p = jax.random.normal(jax.random.key(0), (2, 3, 6))
+    d = jax.random.normal(jax.random.key(1), (2, 3, 4))
+    d2t = np.array([0, 2, 3, 5])
+    ids = jax.numpy.argsort(-p, -1)  # all 6 target ids, by probability
+    t2d = np.full(6, -1)
+    t2d[d2t] = np.arange(4)
+    mask = np.ones((2, 3), bool)
+    sparse, m = sparse_distill([(d, t2d[np.asarray(ids)], jax.numpy.take_along_axis(jax.nn.softmax(p), ids, -1),
+                                 mask)], 0.8, "s")
+    dense, want = distill([(d, p[..., d2t])], 0.8, "s")
+    np.testing.assert_allclose(sparse, dense, rtol=1e-5)
+    np.testing.assert_allclose(m["s0_kl"], want["s0_kl"], rtol=1e-4, atol=1e-6)
+    wrong, _ = distill([(d, p[..., :4])], 0.8, "s")  # negative control: another restriction differs
+    assert abs(float(wrong) - float(dense)) > 1e-3
+
+
+def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, distilled, tmp_path):
+    """`[data] features` + `[heads] draft_vocab_size`: the windows are the cache's, the loss
+    falls, and the exported head (with d2t) decodes greedily exactly as the target alone."""
+    import dataclasses
+
+    from specjax.drafters import Eagle
+    from specjax.train.config import from_dict
+    from specjax.train.export import export
+    from specjax.train.feature_windows import FeatureWindows
+    from specjax.train.loop import train
+
+    model, tok = tiny
+    _, answers = distilled
+    folder = cache_features(model, answers, tmp_path / "features", layers=(1, 3, 4, 5), top_k=8, draft_vocab=64,
+                            progress=False)
+    # a window is the cache at its positions; the loss mask keeps the answer's predictions
+    windows = FeatureWindows(folder, (1, 3, 4), 33, seed=0)
+    k, off, n, a = (int(x) for x in windows.train[3])
+    w = windows.window(windows.train[3], 0)
+    s = shards.read_shard(folder, k)
+    m = min(n, 32)
+    np.testing.assert_array_equal(w["tokens"][:n], s["tokens"][off: off + n][:33])
+    np.testing.assert_array_equal(w["features"][:m].reshape(m, 3, -1), s["hidden"][off: off + m][:, :3])
+    np.testing.assert_array_equal(w["topk_ids"][:m], s["topk_ids"][off: off + m])
+    np.testing.assert_array_equal(np.flatnonzero(w["loss_mask"]), np.arange(a - 1, min(n - 1, 32)))
+    state = windows.state()
+    first = windows.next(4)
+    windows.set_state(state)
+    np.testing.assert_array_equal(windows.next(4)["features"], first["features"])
+
+    raw = {"model": dataclasses.asdict(model.config),
+           "data": {"tokenizer": "", "cache_dir": "", "features": str(folder), "seq_len": 32},
+           "optim": {"lr": 1e-2, "warmup_steps": 2, "weight_decay": 0.0},
+           "train": {"out": str(tmp_path / "run"), "objective": "eagle3", "steps": 40, "batch_size": 4,
+                     "log_every": 1, "eval_every": 1000, "save_every": 1000, "eval_batches": 2},
+           "heads": {"target": "tiny", "ttt_steps": 2, "target_layers": [1, 3, 4], "draft_vocab_size": 64,
+                     "token_counts": str(folder / "counts.npy"), "top_k": 2, "depth": 3, "total_tokens": 6}}
+    config = from_dict(raw)
+    result = train(config, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r["step0_kl"] for r in records if r["split"] == "train")
+    assert result["train"]["step0_kl"] < 0.7 * first, (first, result["train"])
+    assert len(result["val"]["top1"]) == 2
+
+    export(config, tmp_path / "head")
+    head = Eagle.load(tmp_path / "head")
+    assert head.config.draft_vocab_size == 64 and head.params["lm_head"].shape[-1] == 64
+    np.testing.assert_array_equal(head.params["d2t"], np.load(folder / "d2t.npy"))
+    prompts = [tok.encode("def add(a, b):"), tok.encode("The quick brown fox")]
+    want = sj.generate(model, prompts, max_new_tokens=16)
+    got = sj.generate(model, prompts, max_new_tokens=16, drafter=head)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert got.stats["target_calls"] < want.stats["target_calls"]
+
+    # bad settings are one-line errors
+    from specjax.train.loop import data_source
+    from specjax.train.objectives import make_objective
+
+    with pytest.raises(ValueError, match="features is for the eagle3 objective"):
+        data_source(from_dict({**raw, "train": {**raw["train"], "objective": "medusa1"}, "heads": {"target": "tiny"}}))
+    with pytest.raises(ValueError, match="draft_vocab_size needs token_counts"):
+        make_objective(from_dict({**raw, "heads": {**raw["heads"], "token_counts": ""}}))
+    with pytest.raises(ValueError, match="caches layers"):
+        FeatureWindows(folder, (1, 2, 4), 33, seed=0)

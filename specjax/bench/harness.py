@@ -35,6 +35,7 @@ LOSSY = {"typical"}  # methods whose output is not the target's law are labelled
 ADAPTIVE = {"adaptive": ("draft-chain", (0, 1, 2, 4)), "adaptive-draft-chain": ("draft-chain", (0, 1, 2, 4)),
             "adaptive-prompt-lookup": ("prompt-lookup", (0, 1, 2, 4, 8))}  # name -> (base, ks)
 DEFAULT_METHODS = (*NAMED, "adaptive-draft-chain", "adaptive-prompt-lookup", *PEERS)
+HEAD_FOLDER = "eagle:"  # a method "eagle:FOLDER" drafts with the EAGLE head saved in FOLDER (a trained one)
 
 
 def known_methods() -> tuple[str, ...]:
@@ -127,7 +128,11 @@ class _Method:
         self.kind = "peer" if name in PEERS else "adaptive" if name in ADAPTIVE else "specjax"
         self.calibration = {}
         if self.kind == "specjax":
-            self.drafter = named_drafter(name, model, draft)
+            if name.startswith(HEAD_FOLDER):
+                from specjax.drafters import Eagle
+                self.drafter = Eagle.load(name[len(HEAD_FOLDER):], target=model)
+            else:
+                self.drafter = named_drafter(name, model, draft)
             self.nodes = 1 if self.drafter is None else self.drafter.num_nodes
             layout = getattr(self.drafter, "layout", None)  # PPD / Hidden Transfer guess positions
             self.nodes = f"{self.nodes}+{layout.size}" if layout is not None else self.nodes
@@ -167,7 +172,7 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     that transformers runs at batch 1 only get no row at larger batches (see `skipped`)."""
     from specjax.convert import resolve
     from specjax.tokenizer import load_tokenizer
-    unknown = [m for m in cfg.methods if m not in known_methods()]
+    unknown = [m for m in cfg.methods if m not in known_methods() and not m.startswith(HEAD_FOLDER)]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from: {', '.join(known_methods())}")
     model = sj.load(cfg.model)

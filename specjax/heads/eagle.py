@@ -117,16 +117,19 @@ def param_shapes(cfg: EagleConfig) -> dict:
             "lm_head": (e, cfg.draft_vocab_size)}
 
 
-def init(cfg: EagleConfig, key: jax.Array, target_params: dict | None = None, std: float = 0.02) -> dict:
+def init(cfg: EagleConfig, key: jax.Array, target_params: dict | None = None, std: float = 0.02,
+         d2t=None) -> dict:
     """Random init (norms 1, bias 0). v1's fc starts as [0; I] + noise (the draft starts by
-    passing the target's feature through); v3's LM head starts from the target's when given."""
+    passing the target's feature through); v3's LM head starts from the target's when given
+    (its `d2t` columns for a reduced draft vocabulary; d2t itself is not a trained parameter)."""
     params = random_params(param_shapes(cfg), key, num_layers=1, std=std)
     if cfg.version == 1:
         e = cfg.hidden_size
         params["fc_w"] = params["fc_w"].at[e:].add(jnp.eye(e))
-    elif target_params is not None and cfg.draft_vocab_size == cfg.vocab_size:
+    elif target_params is not None and (d2t is not None or cfg.draft_vocab_size == cfg.vocab_size):
         head = target_params.get("lm_head")
-        params["lm_head"] = jnp.asarray(target_params["embed"].T if head is None else head, jnp.float32)
+        head = jnp.asarray(target_params["embed"].T if head is None else head, jnp.float32)
+        params["lm_head"] = head if d2t is None else head[:, jnp.asarray(d2t)]
     return params
 
 

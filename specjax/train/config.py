@@ -20,6 +20,7 @@ class DataConfig:
     corpus: str = "stdlib"  # "stdlib" or a folder of .py files
     held_out: tuple[str, ...] = HELD_OUT
     seq_len: int = 256
+    features: str = ""  # a feature cache (`python -m specjax.train distill`): train eagle3 on it instead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +131,8 @@ def from_dict(raw: dict) -> Config:
 
 
 # Keys that name files; relative paths in a config file are relative to the file's folder.
-PATH_KEYS = (("data", "tokenizer"), ("data", "cache_dir"), ("data", "corpus"), ("train", "out"))
+PATH_KEYS = (("data", "tokenizer"), ("data", "cache_dir"), ("data", "corpus"), ("data", "features"),
+             ("train", "out"), ("heads", "token_counts"))
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

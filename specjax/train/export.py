@@ -10,8 +10,7 @@ import jax
 
 from specjax.train.checkpoint import Checkpointer
 from specjax.train.config import Config
-from specjax.train.data import eval_windows, load_streams
-from specjax.train.loop import held_out, make_optimizer, score_function
+from specjax.train.loop import data_source, held_out, make_optimizer, score_function
 from specjax.train.objectives import make_objective
 from specjax.train.target import load_target
 
@@ -42,10 +41,8 @@ def export(config: Config, out_dir: str | Path) -> int:
     objective = make_objective(config)
 
     def measured() -> dict:
-        _, val = load_streams(config.data)
-        windows = eval_windows(val, config.data.seq_len + 1, 8 * config.train.batch_size)
-        return held_out(score_function(objective, config.train.seed), params, windows, config.train.batch_size,
-                        target)
+        _, val = data_source(config)
+        return held_out(score_function(objective, config.train.seed), params, val, config.train.batch_size, target)
 
     objective.export(params, out, target, measured)
     return step

@@ -105,16 +105,39 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def held_out(score, params, windows: np.ndarray, batch_size: int, target=None) -> dict:
+def data_source(config: Config):
+    """(sampler, held-out windows): token windows of the corpus, or feature windows of the
+    cache [data] features names (eagle3), each a batch dict (`sampler.next(batch_size)`)."""
+    dc, tc = config.data, config.train
+    length, count = dc.seq_len + 1, tc.eval_batches * tc.batch_size
+    if dc.features:
+        if tc.objective != "eagle3":
+            raise ValueError(f"[data] features is for the eagle3 objective, not {tc.objective!r}")
+        from specjax.heads.eagle import EagleConfig
+        from specjax.train.feature_windows import FeatureWindows
+
+        layers = EagleConfig.for_target(config.model, 3, config.heads.target_layers or None).target_layers
+        sampler = FeatureWindows(dc.features, layers, length, tc.seed)
+        return sampler, sampler.held_out(count)
+    if not (Path(dc.tokenizer) / "tokenizer.json").is_file():
+        print(f"no tokenizer in {dc.tokenizer}: training one on the {dc.corpus} corpus", flush=True)
+        build_tokenizer(dc.tokenizer, dc.corpus, dc.held_out, config.model.vocab_size)
+    train_stream, val_stream = load_streams(dc)
+    return WindowSampler(train_stream, length, tc.seed), {"tokens": eval_windows(val_stream, length, count)}
+
+
+def held_out(score, params, windows: np.ndarray | dict, batch_size: int, target=None) -> dict:
     """Mean loss, perplexity and the objective's held-out metrics (`score_function`) over
-    windows, in full batches plus one remainder batch."""
+    windows (tokens, or a batch dict), in full batches plus one remainder batch."""
+    windows = windows if isinstance(windows, dict) else {"tokens": windows}
     sums, count = {}, 0
-    for i in range(0, len(windows), batch_size):
-        chunk = windows[i:i + batch_size]
-        loss, metrics = jax.device_get(score(params, {"tokens": jnp.asarray(chunk)}, target))
+    for i in range(0, len(windows["tokens"]), batch_size):
+        chunk = {k: jnp.asarray(v[i:i + batch_size]) for k, v in windows.items()}
+        n = len(chunk["tokens"])
+        loss, metrics = jax.device_get(score(params, chunk, target))
         for k, v in {"loss": loss, **metrics}.items():
-            sums[k] = sums.get(k, 0.0) + np.asarray(v, np.float64) * len(chunk)
-        count += len(chunk)
+            sums[k] = sums.get(k, 0.0) + np.asarray(v, np.float64) * n
+        count += n
     out = {k: (v / count).tolist() for k, v in sums.items()}
     return {**out, "ppl": math.exp(out["loss"])}
 
@@ -128,12 +151,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     out = Path(tc.out)
     out.mkdir(parents=True, exist_ok=True)
     objective, target = make_objective(config), load_target(config)
-    if not (Path(config.data.tokenizer) / "tokenizer.json").is_file():
-        print(f"no tokenizer in {config.data.tokenizer}: training one on the {config.data.corpus} corpus", flush=True)
-        build_tokenizer(config.data.tokenizer, config.data.corpus, config.data.held_out, config.model.vocab_size)
-    train_stream, val_stream = load_streams(config.data)
-    sampler = WindowSampler(train_stream, config.data.seq_len + 1, tc.seed)
-    val = eval_windows(val_stream, config.data.seq_len + 1, tc.eval_batches * tc.batch_size)
+    sampler, val = data_source(config)
 
     mesh = sharding.make_mesh(tc.mesh) if tc.mesh else None
     if mesh is not None and tc.batch_size % mesh.shape[sharding.DATA]:
@@ -179,7 +197,9 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     t_last, step_last = time.perf_counter(), step
     with _StopFlag() as stop:
         while step < tc.steps and stop.signum is None:
-            batch = {"tokens": sharding.shard_batch(mesh, sampler.next(tc.batch_size))}
+            drawn = sampler.next(tc.batch_size)
+            batch = {k: sharding.shard_batch(mesh, v) for k, v in
+                     (drawn if isinstance(drawn, dict) else {"tokens": drawn}).items()}
             with sharding.use_mesh(mesh):  # traced for the mesh: the state keeps its layout
                 params, opt_state, metrics = train_step(params, opt_state, batch, step, target)
             step += 1

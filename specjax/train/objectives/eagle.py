@@ -9,8 +9,15 @@
 What the head reads from the frozen target is one dict (`target_pass`): "features" and
 "target_logits" per position. A batch that carries both (cached features, computed once by
 `target_pass` or offline) skips the target's forward; the target then only lends its embedding
-(and, for EAGLE-1, its LM head). Held-out accuracies are per step, against the target's greedy
-token."""
+(and, for EAGLE-1, its LM head). A batch from the feature cache (`train.feature_windows`) carries
+the target's top-k distribution ("topk_ids", "topk_probs") instead of logits, and "loss_mask"
+(the answer positions). Held-out accuracies are per step, against the target's greedy token.
+
+EAGLE-3 with `draft_vocab_size` < V drafts over the `token_counts`' most frequent ids (d2t,
+saved with the head). The target distribution is restricted to them and renormalised: the
+draft's q is zero outside at inference, and among such q the restricted p maximises the
+acceptance sum_v min(p, q) (it reaches p's mass on the vocabulary), so a separate 'other'
+class would only learn mass the drafter cannot use."""
 
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import numpy as np
 from specjax.heads import eagle as eagle_head
 from specjax.models import Model, forward, lm_head_weight
 from specjax.train.objectives.base import Objective
-from specjax.train.objectives.scoring import distill, greedy_rank_metrics
+from specjax.train.draft_vocab import draft_vocabulary
+from specjax.train.objectives.scoring import distill, greedy_rank_metrics, rank_metrics, sparse_distill
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +49,8 @@ class EagleSettings:
     top_k: int = 6  # the exported drafter's EAGLE-2 tree
     depth: int = 5
     total_tokens: int = 32
+    draft_vocab_size: int = 0  # eagle3: the draft's vocabulary (0: the target's)
+    token_counts: str = ""  # eagle3: counts.npy whose most frequent ids make that vocabulary
 
 
 def eagle(settings: EagleSettings) -> Objective:
@@ -52,8 +62,18 @@ def eagle3(settings: EagleSettings) -> Objective:
 
 
 def head_config(s: EagleSettings, version: int, target: Model) -> eagle_head.EagleConfig:
-    return eagle_head.EagleConfig.for_target(target.config, version, s.target_layers or None,
-                                             intermediate_size=s.intermediate_size or None)
+    cfg = eagle_head.EagleConfig.for_target(target.config, version, s.target_layers or None,
+                                            intermediate_size=s.intermediate_size or None)
+    return dataclasses.replace(cfg, draft_vocab_size=s.draft_vocab_size or None)
+
+
+def draft_vocab(s: EagleSettings) -> np.ndarray | None:
+    """d2t of a reduced draft vocabulary (None: the target's)."""
+    if not s.draft_vocab_size:
+        return None
+    if not s.token_counts:
+        raise ValueError("[heads] draft_vocab_size needs token_counts (a feature cache's counts.npy)")
+    return draft_vocabulary(np.load(s.token_counts), s.draft_vocab_size)
 
 
 def target_pass(cfg: eagle_head.EagleConfig, target: Model, tokens: jax.Array) -> dict:
@@ -73,13 +93,28 @@ def shifted(x: jax.Array, steps: int, t: int) -> list:
 def _eagle(s: EagleSettings, version: int) -> Objective:
     if s.ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {s.ttt_steps}")
+    if s.draft_vocab_size and version == 1:
+        raise ValueError("draft_vocab_size is for eagle3 (EAGLE-1 drafts with the target's LM head)")
+    d2t = draft_vocab(s)
 
     def init(key, target):
-        return eagle_head.init(head_config(s, version, target), key, target.params)
+        return eagle_head.init(head_config(s, version, target), key, target.params, d2t=d2t)
+
+    def targets(seen, n, t, vocab_size):
+        """Per step, what the loss compares the draft with: (target logits,) restricted to the
+        draft vocabulary, or (top-k draft ids, probabilities, loss mask) from the cache."""
+        if "topk_ids" not in seen:
+            logits = seen["target_logits"] if d2t is None else seen["target_logits"][..., d2t]
+            return [(x,) for x in shifted(logits, n, t)]
+        ids = seen["topk_ids"].astype(jnp.int32)
+        if d2t is not None:
+            ids = jnp.full(vocab_size, -1, jnp.int32).at[d2t].set(jnp.arange(len(d2t)))[ids]
+        mask = seen.get("loss_mask", jnp.ones(ids.shape[:2], bool))
+        return list(zip(*(shifted(x, n, t) for x in (ids, seen["topk_probs"], mask))))
 
     def run(params, batch, key, target):
-        """(head outputs, draft logits, target logits, target features), each a list over steps
-        of [B, T', ...]; `key` None: no feature noise."""
+        """(head outputs, draft logits, targets (see `targets`), target features), each a list
+        over steps of [B, T', ...]; `key` None: no feature noise."""
         cfg, n, tokens = head_config(s, version, target), s.ttt_steps, batch["tokens"]
         seen = batch if "features" in batch else target_pass(cfg, target, tokens)
         t = tokens.shape[1] - 1 - n  # positions 0..t-1 have targets for every step
@@ -91,23 +126,30 @@ def _eagle(s: EagleSettings, version: int) -> Objective:
         hs = eagle_head.unroll(cfg, params, emb, feat, n)
         head_w = lm_head_weight(target.config, target.params)
         draft = [eagle_head.logits(cfg, params, h, head_w) for h in hs]
-        return hs, draft, shifted(seen["target_logits"], n, t), shifted(seen["features"], n, t)
+        return hs, draft, targets(seen, n, t, target.config.vocab_size), shifted(seen["features"], n, t)
 
     def loss(params, batch, key, target):
-        hs, draft, target_logits, feats = run(params, batch, key, target)
-        total, metrics = distill(list(zip(draft, target_logits)), s.decay, "step",
-                                 features=list(zip(hs, feats)) if version == 1 else (),
-                                 feature_weight=s.feature_weight, ce_weight=s.ce_weight if version == 1 else 1.0)
+        hs, draft, want, feats = run(params, batch, key, target)
+        if len(want[0]) > 1:
+            total, metrics = sparse_distill([(d, *w) for d, w in zip(draft, want)], s.decay, "step")
+        else:
+            total, metrics = distill([(d, w[0]) for d, w in zip(draft, want)], s.decay, "step",
+                                     features=list(zip(hs, feats)) if version == 1 else (),
+                                     feature_weight=s.feature_weight,
+                                     ce_weight=s.ce_weight if version == 1 else 1.0)
         return total, {**metrics, "loss": total}
 
     def evaluate(params, batch, target):
-        _, draft, target_logits, _ = run(params, batch, None, target)
-        return greedy_rank_metrics(list(zip(draft, target_logits)))
+        _, draft, want, _ = run(params, batch, None, target)
+        if len(want[0]) > 1:  # against the greedy token, over the answer positions
+            return rank_metrics([(d, w[0][..., 0]) for d, w in zip(draft, want)], [w[2] for w in want])
+        return greedy_rank_metrics([(d, w[0]) for d, w in zip(draft, want)])
 
     def export(params, out_dir, target, held_out):
         from specjax.drafters.eagle import Eagle
 
-        Eagle(jax.tree.map(np.asarray, params), head_config(s, version, target), top_k=s.top_k, depth=s.depth,
-              total_tokens=s.total_tokens).save(out_dir)
+        params = jax.tree.map(np.asarray, params)
+        Eagle(params if d2t is None else {**params, "d2t": d2t}, head_config(s, version, target), top_k=s.top_k,
+              depth=s.depth, total_tokens=s.total_tokens).save(out_dir)
 
     return Objective(init, loss, evaluate, export)

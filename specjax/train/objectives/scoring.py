@@ -40,19 +40,34 @@ def smooth_l1(x: jax.Array) -> jax.Array:
     return jnp.where(ax < 1.0, 0.5 * x * x, ax - 0.5)
 
 
+def top1_hits(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """float 1 where the argmax is the label."""
+    return (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+
+
 def top1(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """The fraction of positions whose argmax is the label."""
-    return (jnp.argmax(logits, -1) == labels).mean()
+    return top1_hits(logits, labels).mean()
 
 
-def rank_metrics(pairs) -> dict:
-    """Per (logits, labels) pair: top-1, top-5 and the per-rank hit rates [RANKS] of the labels."""
+def masked_mean(x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """The mean of x over its leading axes where `mask` (their shape) holds; all when None."""
+    if mask is None:
+        return x.mean((0, 1))
+    m = mask.astype(jnp.float32).reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
+    return (x * m).sum((0, 1)) / jnp.maximum(m.sum((0, 1)), 1.0)
+
+
+def rank_metrics(pairs, masks=None) -> dict:
+    """Per (logits, labels) pair: top-1, top-5 and the per-rank hit rates [RANKS] of the labels
+    (over the positions `masks[i]` keeps, when given)."""
     first, five, rank = [], [], []
-    for logits, labels in pairs:
+    for i, (logits, labels) in enumerate(pairs):
         hit = (jax.lax.top_k(logits, RANKS)[1] == labels[..., None]).astype(jnp.float32)  # [B, T', R]
-        rank.append(hit.mean((0, 1)))
-        first.append(hit[..., 0].mean())
-        five.append(hit[..., :5].sum(-1).mean())
+        mask = None if masks is None else masks[i]
+        rank.append(masked_mean(hit, mask))
+        first.append(rank[-1][0])
+        five.append(rank[-1][:5].sum())
     return {"top1": jnp.stack(first), "top5": jnp.stack(five), "rank_accuracy": jnp.stack(rank)}
 
 
@@ -88,3 +103,24 @@ def greedy_rank_metrics(pairs) -> dict:
     """`rank_metrics` of each draft's logits against the target's greedy token, what decides
     acceptance. pairs: [(draft logits, target logits)]."""
     return rank_metrics([(d, jnp.argmax(tl, -1)) for d, tl in pairs])
+
+
+def sparse_distill(steps, decay: float, name: str) -> tuple[jax.Array, dict]:
+    """`distill` toward a sparse target: per draft step i, (draft logits [B,T',Vd], the
+    target's top-k ids in the draft vocabulary [B,T',k] (-1: outside it), their probabilities,
+    loss mask [B,T']). The target is restricted to the draft vocabulary and renormalised; a
+    position with no mass there is masked. Metrics as `distill`'s (no feature loss), over the
+    kept positions; _top1 against the target's greedy token (a miss when outside the vocabulary)."""
+    total, metrics = 0.0, {}
+    for i, (d, ids, probs, mask) in enumerate(steps):
+        w = jnp.where(ids >= 0, probs.astype(jnp.float32), 0.0)
+        mass = w.sum(-1)
+        w = w / jnp.maximum(mass, 1e-9)[..., None]
+        mask = mask & (mass > 0)
+        logq = jnp.take_along_axis(jax.nn.log_softmax(d, -1), jnp.maximum(ids, 0), -1)
+        ce = masked_mean(-(w * logq).sum(-1), mask)
+        total = total + decay ** i * ce
+        metrics[f"{name}{i}_ce"] = ce
+        metrics[f"{name}{i}_kl"] = ce - masked_mean(-(w * jnp.log(jnp.maximum(w, 1e-30))).sum(-1), mask)
+        metrics[f"{name}{i}_top1"] = masked_mean(top1_hits(d, ids[..., 0]), mask)
+    return total, metrics
