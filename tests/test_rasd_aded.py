@@ -12,8 +12,6 @@ import pytest
 from specjax.drafters import ADED, RASD, SAM, PromptLookup, TokenRecycling
 from specjax.drafters.base import Context
 from specjax.sampling import SamplingParams
-from tests.exactness import chi_square_pvalue, exact_joint, sampled_joint, sharp_model
-
 
 def _paths(tree, row=0):
     """The valid nodes of one row as token paths from the root (the root excluded)."""
@@ -27,7 +25,6 @@ def _paths(tree, row=0):
         out.add(tuple(path[::-1]))
     return out
 
-
 def _propose(drafter, text, vocab=64):
     tokens = jnp.asarray([text], jnp.int32)
     length = jnp.asarray([len(text)], jnp.int32)
@@ -35,7 +32,6 @@ def _propose(drafter, text, vocab=64):
     state = drafter.init(target, tokens, length, len(text) + 8)
     ctx = Context(jnp.pad(tokens, ((0, 0), (0, 8))), length, SamplingParams())
     return drafter.propose(state, ctx, jax.random.key(0))[0]
-
 
 def test_rasd_fuses_the_shared_prefix_and_keeps_the_budget():
     # recycling's prompt bigrams give the root 9 the child 1, then 1 -> 2; prompt lookup drafts 1 2 3 4
@@ -48,7 +44,6 @@ def test_rasd_fuses_the_shared_prefix_and_keeps_the_budget():
     small = _propose(RASD(model, PromptLookup(max_ngram=1, num_tokens=4), budget=3), text)
     assert _paths(small) == {(1,), (1, 2)}  # pruned to the root and its two best nodes
 
-
 def test_aded_searches_the_trigram_counts():
     # after "5 6" the text had 7 twice and 8 once; after "6 7", 1; after "6 8", 2
     text = [5, 6, 7, 1, 5, 6, 7, 1, 5, 6, 8, 2, 3, 5, 6]
@@ -58,7 +53,6 @@ def test_aded_searches_the_trigram_counts():
     assert _paths(tree) == {(7,), (7, 1)}  # 8 (1/3) is under min_score
     assert _paths(_propose(ADED(tree_nodes=5, table_size=64), [3, 4])) == set()  # nothing seen after 4
 
-
 def test_bad_settings_fail_clearly():
     with pytest.raises(ValueError, match="chain"):
         RASD(TokenRecycling(), SAM(fallback=TokenRecycling()))
@@ -67,15 +61,3 @@ def test_bad_settings_fail_clearly():
     with pytest.raises(ValueError, match="power of two"):
         ADED(table_size=1000)
 
-
-REPEATING = [1, 4, 2, 5, 1, 4]
-
-
-@pytest.mark.parametrize("drafter", [RASD(TokenRecycling(topk=3, template=(-1, 0, 0, 1)), SAM(draft_lengths=((1, 3),)), budget=5),
-                                     ADED(tree_nodes=5, depth=3, beam=2, top=3, table_size=64, min_score=0.05)],
-                         ids=["rasd", "aded"])
-def test_sampling_keeps_the_autoregressive_law(drafter):
-    target = sharp_model(3)
-    params = SamplingParams(temperature=0.9, top_p=0.95)
-    counts = sampled_joint(target, drafter, None, params, prompt=REPEATING)
-    assert chi_square_pvalue(counts, exact_joint(target, params, prompt=REPEATING)) > 1e-4

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax.drafters import SAM, TokenRecycling
+from specjax.drafters import ADED, RASD, SAM, TokenRecycling
 from specjax.drafters.base import Context
 from specjax.sampling import SamplingParams
 from tests.exactness import chi_square_pvalue, exact_joint, sampled_joint, sharp_model
@@ -116,8 +116,10 @@ REPEATING = [1, 4, 2, 5, 1, 4]  # "1 4" matched at the first step: "2 5 1" draft
 
 
 @pytest.mark.parametrize("drafter", [SAM(draft_lengths=((1, 3),)),
-                                     SAM(draft_lengths=((3, 3),), fallback=TokenRecycling(topk=3, template=(-1, 0, 0, 1)))],
-                         ids=["sam", "sam+recycling"])
+                                     SAM(draft_lengths=((3, 3),), fallback=TokenRecycling(topk=3, template=(-1, 0, 0, 1))),
+                                     RASD(TokenRecycling(topk=3, template=(-1, 0, 0, 1)), SAM(draft_lengths=((1, 3),)), budget=5),
+                                     ADED(tree_nodes=5, depth=3, beam=2, top=3, table_size=64, min_score=0.05)],
+                         ids=["sam", "sam+recycling", "rasd", "aded"])
 def test_sampling_keeps_the_autoregressive_law(drafter):
     target = sharp_model(3)
     params = SamplingParams(temperature=0.9, top_p=0.95)
