@@ -87,7 +87,7 @@ def test_bad_settings_fail_clearly(target):
     with pytest.raises(ValueError, match="transfer_layer=4 must be below the target's 4 layers"):
         sj.generate(target, [[1, 2]], drafter=HiddenTransfer(d["hidden-transfer"].params, transfer_layer=4))
     with pytest.raises(ValueError, match="cannot hold one guess of 2 ensemble members"):
-        PPD(d["ppd"].params, guess_budget=1)
+        sj.generate(target, [[1, 2]], drafter=PPD(d["ppd"].params, guess_budget=1))
     other = sj.Model.init(target.config.__class__(**{**target.config.__dict__, "hidden_size": 16,
                                                      "head_dim": 4}), jax.random.key(0))
     with pytest.raises(ValueError, match="for hidden size 32"):

@@ -66,16 +66,10 @@ class GuessDrafter(Drafter):
     def guesses(self) -> Guesses:
         raise NotImplementedError
 
-    def __post_init__(self):
+    def __post_init__(self):  # static fields only: pytree unflattening re-runs this
         object.__setattr__(self, "accuracy", checked_accuracy(self.tree_size, self.accuracy))
-        g = self.guesses()
         if not isinstance(self.guess_budget, int) or self.guess_budget < 1:
             raise ValueError(f"guess_budget must be an integer >= 1, got {self.guess_budget!r}")
-        if self.guess_budget < g.members:
-            raise ValueError(f"guess_budget={self.guess_budget} cannot hold one guess of "
-                             f"{g.members} ensemble members")
-        if self.accuracy is not None and len(self.accuracy) != g.count:
-            raise ValueError(f"accuracy has {len(self.accuracy)} rows for {g.count} guesses")
 
     @property
     def members(self) -> int:
@@ -101,6 +95,14 @@ class GuessDrafter(Drafter):
         return _guess_layout(self._accuracy, self.tree_size, self.guess_budget, self.members)
 
     def check(self, target: Model) -> None:
+        """The settings against the weights (not in __post_init__, which pytree unflattening
+        re-runs with other leaves than arrays) and the weights against the target."""
+        g = self.guesses()
+        if self.guess_budget < g.members:
+            raise ValueError(f"guess_budget={self.guess_budget} cannot hold one guess of "
+                             f"{g.members} ensemble members")
+        if self.accuracy is not None and len(self.accuracy) != g.count:
+            raise ValueError(f"accuracy has {len(self.accuracy)} rows for {g.count} guesses")
         e = self.params[next(iter(self.params))].shape[-1]
         if e != target.config.hidden_size:
             raise ValueError(f"{self.name} weights are for hidden size {e}, but the target has hidden "

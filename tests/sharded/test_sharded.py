@@ -109,10 +109,7 @@ def test_kv_caches_are_pinned_under_a_mesh():
 
 @pytest.mark.parametrize("name, shape", [("ar", (2, 4)), ("draft-chain", (4, 2)), ("prompt-lookup", (2, 4)),
                                          ("eagle", (4, 2)),
-                                         pytest.param("hidden-transfer", (2, 4), marks=pytest.mark.xfail(
-                                             reason="KNOWN BUG (2026-11-23): sharded Hidden Transfer output differs from one "
-                                                    "device since the GuessDrafter/attention refactors; open, see the closing note",
-                                             strict=False))])
+                                         ("hidden-transfer", (2, 4))])
 def test_sharded_greedy_generation_equals_one_device(name, shape, target, drafters, one_device):
     """2 x 4: 2 kv heads replicated over 'model'; 4 x 2: kv heads split too (weights and
     caches). The drafter is left unsharded: generate lays it out on the target's mesh."""
