@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 
@@ -43,7 +45,17 @@ def advance():
 def test_automaton_finds_the_longest_earlier_suffix(advance):
     """Fed a token at a time, every row's match is the brute-force longest earlier suffix, with
     the end of its first occurrence; the automaton stays within 2n states."""
-    texts = _texts()
+    _check_matches(advance, _texts())
+
+
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(st.lists(st.lists(st.integers(0, 3), min_size=S, max_size=S), min_size=4, max_size=4))
+def test_automaton_matches_on_generated_texts(advance, texts):
+    """The same on texts hypothesis searches (and shrinks, so a failure is a minimal text)."""
+    _check_matches(advance, texts)
+
+
+def _check_matches(advance, texts):
     tokens = jnp.asarray(texts, jnp.int32)
     state = SAM().init(None, tokens[:, :1], jnp.ones((4,), jnp.int32), S)
     for n in range(1, S + 1):
