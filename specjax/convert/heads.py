@@ -1,8 +1,9 @@
 """Draft-head checkpoints: the specjax format (a folder with `head.json` — kind, shapes,
 settings — and `head.safetensors`) and the published layouts the head drafters also read:
 Medusa's `medusa_lm_head.safetensors` and EAGLE-1 / EAGLE-3 folders (`config.json` +
-`model.safetensors`). Pickles (`.pt`/`.bin`/`.pth`) only with `allow_pickle=True`. 'tiny' names
-the heads shipped for the tiny target (`specjax/assets/tiny-<kind>`)."""
+`model.safetensors`). Pickles (`.pt`/`.bin`/`.pth`) only with `allow_pickle=True`. A shipped
+target's name ('tiny', 'smollm2') names the heads shipped for it (`specjax/assets/<name>-<kind>`),
+and a head records the shape of the target it was trained for (`target` in head.json)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.convert import resolve
+from specjax.convert import ASSETS
 from specjax.heads.eagle import EagleConfig
 from specjax.models import Model
 
@@ -80,19 +81,36 @@ def accuracy_table(meta: dict) -> tuple | None:
     return tuple(map(tuple, meta["accuracy"])) if meta.get("accuracy") else None
 
 
-def resolve_head(path: str | os.PathLike, shipped: str) -> Path:
-    """'tiny' -> the shipped head folder `shipped` (resolved as `specjax.convert.resolve` resolves
-    the shipped models); an existing file or folder -> itself."""
-    if str(path) == "tiny":
-        folder = resolve(shipped)
-        if not (folder / HEAD_JSON).is_file():
-            raise FileNotFoundError(f"the shipped heads {folder} are not there (not built yet? see "
-                                    f"train/make_heads.sh)")
-        return folder
+def resolve_head(path: str | os.PathLike, kind: str) -> Path:
+    """A shipped target's name ('tiny', 'smollm2') -> its shipped head of `kind`
+    (`specjax/assets/<name>-<kind>`); an existing file or folder -> itself."""
+    shipped = ASSETS / f"{path}-{kind}"
+    if isinstance(path, str) and not Path(path).exists() and shipped.is_dir():
+        if not (shipped / HEAD_JSON).is_file():
+            raise FileNotFoundError(f"the shipped heads {shipped} are not there (not built yet? see "
+                                    f"train/README.md)")
+        return shipped
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"no head checkpoint at {str(path)!r}")
+        names = sorted(d.name[: -len(kind) - 1] for d in ASSETS.glob(f"*-{kind}"))
+        raise FileNotFoundError(f"no head checkpoint at {str(path)!r} (shipped {kind} heads: {names})")
     return p
+
+
+def target_signature(config) -> dict:
+    """What a head records of the target it was trained for (its shape, not its weights)."""
+    return {k: getattr(config, k) for k in ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+                                           "num_layers", "num_heads", "num_kv_heads")}
+
+
+def shipped_target(config, kind: str) -> str:
+    """The name of the shipped target whose `kind` head was trained for a target of this shape."""
+    want = target_signature(config)
+    for folder in sorted(ASSETS.glob(f"*-{kind}")):
+        if json.loads((folder / HEAD_JSON).read_text()).get("target") == want:
+            return folder.name[: -len(kind) - 1]
+    raise ValueError(f"no {kind} head is shipped for this target ({want}); train one (train/README.md) "
+                     f"and pass its folder")
 
 
 # ---- tensors -------------------------------------------------------------------------------------

@@ -172,10 +172,13 @@ class Eagle(Drafter):
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    def save(self, folder) -> None:
-        """Write the specjax format: head.json + head.safetensors."""
+    def save(self, folder, target: Model | None = None) -> None:
+        """Write the specjax format: head.json + head.safetensors (with `target`, the shape of
+        the target it drafts for, by which the named drafter finds a shipped head)."""
         meta = {"config": self.config.to_dict(), "top_k": self.top_k, "depth": self.depth,
                 "total_tokens": self.total_tokens}
+        if target is not None:
+            meta["target"] = ckpt.target_signature(target.config)
         ckpt.save_head(folder, "eagle", self.params, meta)
 
     @classmethod
@@ -185,7 +188,7 @@ class Eagle(Drafter):
         + `model.safetensors`, or `pytorch_model.bin` with allow_pickle=True). EAGLE-3
         checkpoints do not record which target layers they fuse: pass `target_layers` or the
         `target` (EAGLE-3's default taps). With `target`, the head is checked against it."""
-        p = ckpt.resolve_head(path, "tiny-eagle")
+        p = ckpt.resolve_head(path, "eagle")
         if ckpt.is_head_folder(p):
             params, meta = ckpt.read_head(p, "eagle", "EAGLE")
             kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens") if k in meta}

@@ -91,7 +91,7 @@ class Medusa(Drafter):
     def load(cls, path, *, allow_pickle: bool = False, **settings) -> "Medusa":
         """A specjax head folder, 'tiny', or Medusa's published `medusa_lm_head.safetensors`
         (a file or a folder holding it; head count and layers inferred from the keys)."""
-        p = ckpt.resolve_head(path, "tiny-medusa")
+        p = ckpt.resolve_head(path, "medusa")
         if ckpt.is_head_folder(p):
             params, meta = ckpt.read_head(p, "medusa", "Medusa")
             kw = dict(num_layers=meta.get("num_layers", 1), tree_size=meta.get("tree_size", 16),

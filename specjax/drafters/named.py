@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from specjax.convert import heads as ckpt
 from specjax.drafters.aded import ADED
 from specjax.drafters.base import Drafter
 from specjax.drafters.clover import Clover
@@ -38,6 +39,13 @@ def _draft(mode: str, **settings) -> Callable[[Model], Drafter]:
     return make
 
 
+def _shipped_eagle(target: Model) -> Eagle:
+    """The EAGLE head shipped for this target: tiny's (an 8-node tree for the CPU) or SmolLM2's
+    EAGLE-3 (the tree settings stored with it, chosen from its forward-cost curve)."""
+    name = ckpt.shipped_target(target.config, "eagle")
+    return Eagle.load(name, target=target, **(dict(top_k=4, depth=4, total_tokens=8) if name == "tiny" else {}))
+
+
 NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "ar": lambda target: None,
     "draft-chain": _draft("chain", k=3),
@@ -56,7 +64,7 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
     "rasd": lambda target: RASD(TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)), SAM(), budget=8),
     "aded": lambda target: ADED(tree_nodes=8, depth=5),
     "medusa": lambda target: Medusa.load("tiny", tree_size=8),
-    "eagle": lambda target: Eagle.load("tiny", target=target, top_k=4, depth=4, total_tokens=8),
+    "eagle": lambda target: _shipped_eagle(target),
     "clover": lambda target: Clover.load("tiny", target=target, tree_size=8),
     "ppd": lambda target: PPD.load("tiny", tree_size=8, guess_budget=8),
     "hidden-transfer": lambda target: HiddenTransfer.load("tiny", tree_size=8, guess_budget=8),

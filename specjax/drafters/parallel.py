@@ -141,7 +141,7 @@ class GuessDrafter(Drafter):
     @classmethod
     def load(cls, path, **settings):
         """A specjax head folder or 'tiny' (the heads shipped for the tiny target)."""
-        params, meta = ckpt.read_head(ckpt.resolve_head(path, f"tiny-{cls.name}"), cls.name, cls.name)
+        params, meta = ckpt.read_head(ckpt.resolve_head(path, cls.name), cls.name, cls.name)
         meta["accuracy"] = ckpt.accuracy_table(meta)
         kw = {k: v for k, v in meta.items() if k != "kind"}
         return cls(params, **{**kw, **settings})

@@ -150,6 +150,6 @@ def _eagle(s: EagleSettings, version: int) -> Objective:
 
         params = jax.tree.map(np.asarray, params)
         Eagle(params if d2t is None else {**params, "d2t": d2t}, head_config(s, version, target), top_k=s.top_k,
-              depth=s.depth, total_tokens=s.total_tokens).save(out_dir)
+              depth=s.depth, total_tokens=s.total_tokens).save(out_dir, target)
 
     return Objective(init, loss, evaluate, export)
