@@ -416,3 +416,20 @@ def test_shipped_heads_speed_up_the_shipped_target(name):
     got = sj.generate(tiny, prompts, max_new_tokens=24, drafter=named_drafter(name, tiny))
     np.testing.assert_array_equal(got.tokens, want.tokens)
     assert got.stats["tau"] > 1.2, got.stats  # drafts are accepted (PPD, the weakest, reaches 1.26)
+
+
+def test_shipped_heads_are_found_by_the_target_they_were_trained_for(target, tmp_path):
+    """A head records its target's shape; the named eagle takes the head shipped for that shape
+    (tiny's for tiny) and names the shape when none is shipped; a saved head keeps the record."""
+    from specjax.convert import heads as ckpt
+    from specjax.drafters.named import named_drafter
+
+    tiny = sj.load("tiny")
+    assert ckpt.shipped_target(tiny.config, "eagle") == "tiny"
+    assert named_drafter("eagle", tiny).config.hidden_size == tiny.config.hidden_size
+    with pytest.raises(ValueError, match="no eagle head is shipped for this target.*'hidden_size': 32"):
+        named_drafter("eagle", target)
+    with pytest.raises(FileNotFoundError, match=r"shipped eagle heads: \[.*'tiny'"):
+        Eagle.load("no-such-target")
+    head_drafters(target)["eagle3"].save(tmp_path, target)
+    assert json.loads((tmp_path / "head.json").read_text())["target"] == ckpt.target_signature(target.config)

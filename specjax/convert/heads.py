@@ -66,14 +66,16 @@ def is_head_folder(path: Path) -> bool:
 
 
 def read_head(folder: Path, kind: str, what: str) -> tuple[dict, dict]:
-    """(params, meta) of the specjax-format head of `kind` in `folder` (`what` names it in errors)."""
+    """(params, settings) of the specjax-format head of `kind` in `folder` (`what` names it in
+    errors): head.json less its `kind` and `target` records."""
     if not is_head_folder(folder):
         raise FileNotFoundError(f"{folder}: not a {what} head folder (no {HEAD_JSON}; a head folder "
                                 f"holds {HEAD_JSON} and {HEAD_WEIGHTS})")
     meta = json.loads((folder / HEAD_JSON).read_text())
     if meta.get("kind") != kind:
         raise ValueError(f"{folder} holds a {meta.get('kind')!r} head, not {what}")
-    return unflatten(read_tensors(folder / HEAD_WEIGHTS, False)), meta
+    settings = {k: v for k, v in meta.items() if k not in ("kind", "target")}
+    return unflatten(read_tensors(folder / HEAD_WEIGHTS, False)), settings
 
 
 def accuracy_table(meta: dict) -> tuple | None:

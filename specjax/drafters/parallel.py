@@ -143,8 +143,7 @@ class GuessDrafter(Drafter):
         """A specjax head folder or 'tiny' (the heads shipped for the tiny target)."""
         params, meta = ckpt.read_head(ckpt.resolve_head(path, cls.name), cls.name, cls.name)
         meta["accuracy"] = ckpt.accuracy_table(meta)
-        kw = {k: v for k, v in meta.items() if k != "kind"}
-        return cls(params, **{**kw, **settings})
+        return cls(params, **{**meta, **settings})
 
 
 @jax.tree_util.register_dataclass
