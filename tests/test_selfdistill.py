@@ -175,7 +175,7 @@ def test_sparse_distillation_is_the_restricted_renormalised_target():
     assert abs(float(wrong) - float(dense)) > 1e-3
 
 
-def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, distilled, tmp_path):
+def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, distilled, tmp_path, capsys):
     """`[data] features` + `[heads] draft_vocab_size`: the windows are the cache's, the loss
     falls, and the exported head (with d2t) decodes greedily exactly as the target alone."""
     import dataclasses
@@ -239,3 +239,17 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
         make_objective(from_dict({**raw, "heads": {**raw["heads"], "token_counts": ""}}))
     with pytest.raises(ValueError, match="caches layers"):
         FeatureWindows(folder, (1, 2, 4), 33, seed=0)
+    with pytest.raises(FileNotFoundError, match="token_counts: no file .*nowhere.npy"):  # the CLI: exit 2
+        make_objective(from_dict({**raw, "heads": {**raw["heads"], "token_counts": str(tmp_path / "nowhere.npy")}}))
+    import tomli_w
+
+    from specjax.train.__main__ import main as train_cli
+
+    cfg = tmp_path / "missing.toml"
+    model_section = {k: v for k, v in raw["model"].items() if v is not None}  # TOML has no null
+    cfg.write_text(tomli_w.dumps({**raw, "model": model_section,
+                                  "data": {**raw["data"], "features": str(tmp_path / "nowhere")}}))
+    capsys.readouterr()
+    assert train_cli(["--config", str(cfg), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "not a feature cache" in err and err.count("\n") == 1, err

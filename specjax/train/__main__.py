@@ -69,7 +69,11 @@ def main(argv=None) -> int:
         return 0
     from specjax.train.loop import train
 
-    train(config, resume=args.resume, progress=not args.no_progress)
+    try:
+        train(config, resume=args.resume, progress=not args.no_progress)
+    except FileNotFoundError as e:  # a missing corpus, feature cache or token counts
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -22,6 +22,7 @@ class would only learn mass the drafter cannot use."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +74,9 @@ def draft_vocab(s: EagleSettings) -> np.ndarray | None:
         return None
     if not s.token_counts:
         raise ValueError("[heads] draft_vocab_size needs token_counts (a feature cache's counts.npy)")
+    if not Path(s.token_counts).is_file():
+        raise FileNotFoundError(f"[heads] token_counts: no file {s.token_counts} (a feature cache's counts.npy, "
+                                f"written by `python -m specjax.train distill`)")
     return draft_vocabulary(np.load(s.token_counts), s.draft_vocab_size)
 
 
