@@ -433,3 +433,18 @@ def test_shipped_heads_are_found_by_the_target_they_were_trained_for(target, tmp
         Eagle.load("no-such-target")
     head_drafters(target)["eagle3"].save(tmp_path, target)
     assert json.loads((tmp_path / "head.json").read_text())["target"] == ckpt.target_signature(target.config)
+
+
+def test_a_head_stored_in_bfloat16_loads_as_float32(tmp_path):
+    """Shipped heads may be stored in bfloat16 (half the bytes); they load cast to float32, the
+    values those of the bfloat16 copy."""
+    import ml_dtypes
+
+    from specjax.convert import heads as ckpt
+
+    shutil.copytree(ckpt.ASSETS / "tiny-eagle", tmp_path / "head")
+    ckpt.cast_head(tmp_path / "head", "bfloat16")
+    small, full = Eagle.load(tmp_path / "head"), Eagle.load("tiny")
+    for a, b in zip(jax.tree.leaves(small.params), jax.tree.leaves(full.params)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b).astype(ml_dtypes.bfloat16).astype(b.dtype))

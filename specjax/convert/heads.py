@@ -60,6 +60,19 @@ def save_head(folder, kind: str, params: dict, meta: dict) -> None:
     (folder / HEAD_JSON).write_text(json.dumps({"kind": kind, **meta}, indent=2) + "\n")
 
 
+def cast_head(folder, dtype: str) -> None:
+    """Store a head folder's floating tensors as `dtype` ('bfloat16', 'float16': half the bytes,
+    for shipping); they load as float32 again (`read_tensors`)."""
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    path = Path(folder) / HEAD_WEIGHTS
+    to = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    flat = {k: v.astype(to) if v.dtype.kind == "f" or v.dtype.name == "bfloat16" else v
+            for k, v in load_file(str(path)).items()}
+    save_file(flat, str(path))
+
+
 def is_head_folder(path: Path) -> bool:
     """Whether `path` is a specjax-format head folder."""
     return path.is_dir() and (path / HEAD_JSON).is_file()
@@ -118,12 +131,14 @@ def shipped_target(config, kind: str) -> str:
 # ---- tensors -------------------------------------------------------------------------------------
 
 def read_tensors(path: Path, allow_pickle: bool) -> dict:
-    """{name: float32/int numpy array} from a safetensors file, or a torch pickle if allowed."""
+    """{name: float32/int numpy array} from a safetensors file, or a torch pickle if allowed
+    (float16/bfloat16 heads, stored small, are cast to float32: the CPU's fast path)."""
     if path.suffix == ".safetensors":
         from safetensors.numpy import load_file
         try:
-            return load_file(str(path))
-        except Exception:  # bfloat16 has no numpy dtype: read through torch
+            return {k: v.astype(np.float32) if v.dtype.name in ("float16", "bfloat16") else v
+                    for k, v in load_file(str(path)).items()}
+        except Exception:  # an older safetensors without bfloat16 in numpy: read through torch
             from safetensors.torch import load_file as load_torch
             return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
                     for k, v in load_torch(str(path)).items()}

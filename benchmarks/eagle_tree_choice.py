@@ -1,0 +1,54 @@
+"""Choose an EAGLE head's CPU tree (top_k, depth, total_tokens) by measurement: tau and wall time
+of each candidate against AR on prompts the head never trained on and the benchmark does not
+use (`train.prompts.build_prompts` with another seed, minus every training prompt), one
+`sj.generate` call per prompt at batch 1, greedy, candidates interleaved in a fresh random order
+each repeat, least wall time of the repeats. Prints a table; the fastest goes into the head.
+
+    python benchmarks/eagle_tree_choice.py HEAD_DIR [--model smollm2] [--prompts 8] [--repeats 3]
+"""
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import specjax as sj
+from specjax.bench.prompts import prompt_ids
+from specjax.drafters import Eagle
+from specjax.train.prompts import build_prompts
+
+CANDIDATES = [(4, 3, 6), (4, 4, 8), (4, 5, 10), (6, 5, 12), (6, 6, 16), (8, 6, 24)]  # top_k, depth, nodes
+
+p = argparse.ArgumentParser()
+p.add_argument("head")
+p.add_argument("--model", default="smollm2")
+p.add_argument("--prompts", type=int, default=8)
+p.add_argument("--repeats", type=int, default=3)
+p.add_argument("--max-new-tokens", type=int, default=96)
+p.add_argument("--trained-on", help="the distill run's prompts.jsonl, whose rows are left out")
+args = p.parse_args()
+
+model, tok = sj.load(args.model), sj.load_tokenizer(args.model)
+seen = set()
+if args.trained_on:
+    seen = {json.dumps(json.loads(line)["turns"]) for line in Path(args.trained_on).read_text().splitlines()}
+rows = [r for r in build_prompts(4 * args.prompts, seed=20261124) if json.dumps(r["turns"]) not in seen]
+prompts = [prompt_ids(tok, r) for r in rows[: args.prompts]]
+methods = {"ar": None, **{f"eagle {k}/{d}/{n}": Eagle.load(args.head, target=model, top_k=k, depth=d, total_tokens=n)
+                          for k, d, n in CANDIDATES}}
+run = {name: (lambda d: lambda: [sj.generate(model, [q], max_new_tokens=args.max_new_tokens, drafter=d)
+                                 for q in prompts])(d) for name, d in methods.items()}
+results = {name: f() for name, f in run.items()}  # compile
+best = dict.fromkeys(run, float("inf"))
+for _ in range(args.repeats):
+    for name in random.sample(list(run), len(run)):
+        t = time.perf_counter()
+        results[name] = run[name]()
+        best[name] = min(best[name], time.perf_counter() - t)
+ref = [r.tokens.tolist() for r in results["ar"]]
+print(f"{len(prompts)} prompts x {args.max_new_tokens} tokens, batch 1, greedy, least of {args.repeats}\n")
+print("| method | tau | s | speedup | = ar |\n|---|---|---|---|---|")
+for name, res in results.items():
+    tau = sum(r.stats["new_tokens"] for r in res) / sum(r.stats["target_calls"] for r in res)
+    same = [r.tokens.tolist() for r in res] == ref
+    print(f"| {name} | {tau:.2f} | {best[name]:.2f} | {best['ar'] / best[name]:.2f}x | {'yes' if same else 'NO'} |")
