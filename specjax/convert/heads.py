@@ -100,7 +100,7 @@ def resolve_head(path: str | os.PathLike, kind: str) -> Path:
     """A shipped target's name ('tiny', 'smollm2') -> its shipped head of `kind`
     (`specjax/assets/<name>-<kind>`); an existing file or folder -> itself."""
     shipped = ASSETS / f"{path}-{kind}"
-    if isinstance(path, str) and not Path(path).exists() and shipped.is_dir():
+    if isinstance(path, str) and "/" not in path and not Path(path).exists() and shipped.is_dir():
         if not (shipped / HEAD_JSON).is_file():
             raise FileNotFoundError(f"the shipped heads {shipped} are not there (not built yet? see "
                                     f"train/README.md)")
