@@ -4,6 +4,7 @@ clear errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -263,8 +264,9 @@ def head_drafters(target):
     mp = mh.init(jax.random.key(1), 3, E, V, own_lm_head=False)
     mp["w1"] = 0.1 * jax.random.normal(jax.random.key(2), mp["w1"].shape)
     e1, e3 = eh.EagleConfig.for_target(c, 1), eh.EagleConfig.for_target(c, 3, (0, 1, 3))
-    return {"medusa": Medusa(mp, tree_size=8),
-            "eagle": Eagle(eh.init(e1, jax.random.key(3), target.params), e1, top_k=3, depth=3, total_tokens=8),
+    eagle = Eagle(eh.init(e1, jax.random.key(3), target.params), e1, top_k=3, depth=3, total_tokens=8)
+    return {"medusa": Medusa(mp, tree_size=8), "eagle": eagle,
+            "eagle-confident": dataclasses.replace(eagle, min_prob=0.02, verify_sizes=(1, 4)),
             "eagle3": Eagle(eh.init(e3, jax.random.key(4), target.params), e3, top_k=2, depth=3, total_tokens=7)}
 
 
@@ -284,7 +286,7 @@ def check_saved_head_is_lossless(target, drafter, folder):
     return loaded
 
 
-@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle3"])
+@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle-confident", "eagle3"])
 def test_greedy_equals_autoregressive(name, target, tmp_path):
     loaded = check_saved_head_is_lossless(target, head_drafters(target)[name], tmp_path)
     if name == "medusa":  # sampling: exact TopK by default, Medusa's typical acceptance on request
@@ -311,13 +313,19 @@ def test_eagle_drafts_what_its_head_predicts(target):
     from specjax.sampling import SamplingParams
     tokens = jnp.zeros((1, 32), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
 
-    @jax.jit  # one compilation instead of many eager ops
-    def first_tree(pre, tokens, length):
+    @jax.jit  # one compilation per drafter setting instead of many eager ops
+    def first_tree(drafter, pre, tokens, length):
         state = drafter.init(target, prompt, length, 32, pre)
         return drafter.propose(state, Context(tokens, length, SamplingParams(), target), jax.random.key(0))[0]
 
-    tree = first_tree(pre, tokens, length)
+    tree = first_tree(drafter, pre, tokens, length)
     assert int(tree.tokens[0, 1]) == want and int(tree.parents[0, 1]) == 0
+    assert bool(tree.valid.all())  # min_prob = 0: every node is kept
+
+    # with min_prob, the nodes of path probability below it are dropped, the kept ones first
+    valid = np.asarray(first_tree(dataclasses.replace(drafter, min_prob=0.05), pre, tokens, length).valid[0])
+    kept = int(valid.sum())
+    assert 1 <= kept < len(valid) and valid[:kept].all(), valid
 
 
 # ---- training ----------------------------------------------------------------------------------

@@ -63,6 +63,17 @@ def test_self_speculative_drafters_keep_greedy_output(name, smollm2, chats, ar_t
     np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
 
 
+def test_shipped_eagle3_head_keeps_greedy_output(smollm2, chats, ar_tokens):
+    """The EAGLE-3 head shipped for SmolLM2 (the named 'eagle' finds it by the target's shape),
+    drafting over its reduced vocabulary: AR's tokens on the ragged chat batch, drafts accepted."""
+    model, _ = smollm2
+    drafter = named_drafter("eagle", model)
+    assert drafter.config.version == 3 and drafter.config.draft_vocab_size < model.config.vocab_size
+    out = sj.generate(model, chats, max_new_tokens=40, drafter=drafter)
+    np.testing.assert_array_equal(out.tokens, ar_tokens)
+    assert out.stats["tau"] > 1.5, out.stats
+
+
 def _first_two_law(model, prompt, params):
     """The exact law of the first two new tokens (top-k keeps the support small)."""
     p1 = np.asarray(probs(sj.forward(model, jnp.array([prompt]))[:, -1], params)[0], np.float64)
@@ -72,18 +83,21 @@ def _first_two_law(model, prompt, params):
     return {(int(a), int(b)): p1[a] * p2[i, b] for i, a in enumerate(support) for b in np.flatnonzero(p2[i])}
 
 
-@pytest.mark.parametrize("verifier, lossless", [(None, True), (sj.verify.Typical(), False)])
-def test_sampled_law_of_prompt_lookup(verifier, lossless, smollm2):
-    """Prompt lookup drafts the rest of a repeated sentence; at T = 1.5, top-k 3 the target is
-    unsure of it. TopK (its exact rule) keeps the law of the first two tokens; Typical
-    acceptance (lossy) over-accepts the drafts and must fail the same test."""
+@pytest.mark.parametrize("name, verifier, lossless", [("prompt-lookup", None, True),
+                                                      ("prompt-lookup", sj.verify.Typical(), False),
+                                                      ("eagle", None, True)])
+def test_sampled_law(name, verifier, lossless, smollm2):
+    """Prompt lookup and the shipped EAGLE-3 head draft the rest of a repeated sentence; at
+    T = 1.5, top-k 3 the target is unsure of it. TopK (their exact rule) keeps the law of the
+    first two tokens; Typical acceptance (lossy) over-accepts the drafts and must fail the same
+    test."""
     model, tok = smollm2
     prompt = tok.encode("one two three four five, one two three four five, one two three")
     params = SamplingParams(temperature=1.5, top_k=3)
     law = _first_two_law(model, prompt, params)
     cells = sorted(law)
     counts = np.zeros(len(cells) + 1)
-    drafter = named_drafter("prompt-lookup", model)
+    drafter = named_drafter(name, model)
     for call in range(2):  # 256 draws: the lossy rule's p-value is ~1e-31
         out = sj.generate(model, [prompt] * 128, max_new_tokens=2, drafter=drafter, verifier=verifier,
                           temperature=1.5, top_k=3, key=jax.random.key(call))

@@ -14,12 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import heads as ckpt
-from specjax.drafters import feature_cache
+from specjax.drafters import feature_cache, tree_budget
 from specjax.drafters.base import Context, Drafter
 from specjax.heads import eagle as eagle_head
 from specjax.heads.eagle import EagleConfig
 from specjax.models import Model, lm_head_weight
-from specjax.tree import DraftTree
 
 
 @jax.tree_util.register_dataclass
@@ -28,6 +27,11 @@ class Eagle(Drafter):
     """An EAGLE-1 or EAGLE-3 head (see `specjax.heads.eagle`) drafting EAGLE-2's dynamic tree:
     `depth` expansion steps of the `top_k` best beams (top_k children each), then the
     `total_tokens - 1` nodes of highest cumulative draft log-probability, parents first.
+
+    Trees sized by the draft's confidence (off by default): nodes whose path probability is
+    below `min_prob` are dropped, the kept ones come first, and the target verifies the
+    smallest of `verify_sizes` (and `total_tokens`) that holds them, so an unsure step costs a
+    small forward; pick the sizes from the hardware's verify cost (on a CPU: 4 and 8 nodes).
 
     The head keeps its own one-layer KV cache: entry j reads the target's feature at position j
     and the token j+1; each propose first feeds the entries committed since the last one (the
@@ -38,6 +42,8 @@ class Eagle(Drafter):
     top_k: int = dataclasses.field(default=6, metadata=dict(static=True))
     depth: int = dataclasses.field(default=5, metadata=dict(static=True))
     total_tokens: int = dataclasses.field(default=32, metadata=dict(static=True))
+    min_prob: float = dataclasses.field(default=0.0, metadata=dict(static=True))
+    verify_sizes: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
 
     def __post_init__(self):
         for n in ("top_k", "depth", "total_tokens"):
@@ -47,6 +53,12 @@ class Eagle(Drafter):
         if not 2 <= self.total_tokens <= cands + 1:
             raise ValueError(f"total_tokens={self.total_tokens} must be in [2, {cands + 1}] for "
                              f"top_k={self.top_k}, depth={self.depth} ({cands} candidate nodes)")
+        if not 0.0 <= self.min_prob < 1.0:
+            raise ValueError(f"min_prob must be in [0, 1), got {self.min_prob!r}")
+        object.__setattr__(self, "verify_sizes", tuple(self.verify_sizes))
+        if any(not isinstance(n, int) or not 1 <= n <= self.total_tokens for n in self.verify_sizes):
+            raise ValueError(f"verify_sizes must be node counts in [1, total_tokens={self.total_tokens}], "
+                             f"got {self.verify_sizes}")
 
     @property
     def name(self) -> str:
@@ -58,7 +70,11 @@ class Eagle(Drafter):
 
     @property
     def max_depth(self) -> int:
-        return self.depth
+        return min(self.depth, self.total_tokens - 1)
+
+    @property
+    def tree_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.verify_sizes, self.total_tokens}))
 
     @property
     def target_layers(self) -> tuple[int, ...]:
@@ -156,18 +172,13 @@ class Eagle(Drafter):
             beam_feat = jnp.take_along_axis(out, (best // k)[:, :, None], axis=1)
             offset += k * k
 
-        # 3. rerank: the n - 1 best candidates (parents score strictly higher or tie at a lower
-        #    index, and top_k prefers lower indices), sorted so that parents come first.
-        cand_tok, cand_par = jnp.concatenate(cand_tok, 1), jnp.concatenate(cand_par, 1)
-        cand_score = jnp.concatenate(cand_score, 1)
-        sel = jnp.sort(jax.lax.top_k(cand_score, n - 1)[1], axis=1)  # [B, n-1]
-        node_of = jnp.zeros((b, cand_tok.shape[1]), jnp.int32).at[rows, sel].set(
-            jnp.arange(1, n, dtype=jnp.int32)[None, :])
-        par_cand = jnp.take_along_axis(cand_par, sel, axis=1)
-        parents = jnp.where(par_cand < 0, 0, jnp.take_along_axis(node_of, jnp.maximum(par_cand, 0), axis=1))
-        tokens = jnp.concatenate([ctx.root[:, None], jnp.take_along_axis(cand_tok, sel, axis=1)], 1)
-        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), parents], 1)
-        tree = DraftTree.build(tokens, parents, max_depth=depth)
+        # 3. rerank (EAGLE-2): the root and the n - 1 candidates of highest path probability
+        #    (at least min_prob), parents first, the kept ones before the dropped.
+        cand_tok, cand_par, cand_score = (jnp.concatenate(x, 1) for x in (cand_tok, cand_par, cand_score))
+        tokens = jnp.concatenate([ctx.root[:, None], cand_tok], 1)
+        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), cand_par + 1], 1)  # candidate c is node c + 1
+        score = jnp.concatenate([jnp.zeros((b, 1)), cand_score], 1)
+        tree = tree_budget.best_subtree(tokens, parents, score, score >= jnp.log(self.min_prob), n, depth)
         return tree, {**state, "cache": cache}
 
     # ---- checkpoints ---------------------------------------------------------------------------
@@ -176,7 +187,7 @@ class Eagle(Drafter):
         """Write the specjax format: head.json + head.safetensors (with `target`, the shape of
         the target it drafts for, by which the named drafter finds a shipped head)."""
         meta = {"config": self.config.to_dict(), "top_k": self.top_k, "depth": self.depth,
-                "total_tokens": self.total_tokens}
+                "total_tokens": self.total_tokens, "min_prob": self.min_prob, "verify_sizes": self.verify_sizes}
         if target is not None:
             meta["target"] = ckpt.target_signature(target.config)
         ckpt.save_head(folder, "eagle", self.params, meta)
@@ -191,7 +202,7 @@ class Eagle(Drafter):
         p = ckpt.resolve_head(path, "eagle")
         if ckpt.is_head_folder(p):
             params, meta = ckpt.read_head(p, "eagle", "EAGLE")
-            kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens") if k in meta}
+            kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes") if k in meta}
             d = cls(params, EagleConfig.from_dict(meta["config"]), **{**kw, **settings})
         else:
             folder = p if p.is_dir() else p.parent
