@@ -1,10 +1,11 @@
-"""Choose an EAGLE head's CPU tree (top_k, depth, total_tokens) by measurement: tau and wall time
-of each candidate against AR on prompts the head never trained on and the benchmark does not
-use (`train.prompts.build_prompts` with another seed, minus every training prompt), one
+"""Choose an EAGLE head's CPU tree (top_k, depth, total_tokens, min_prob, verify_sizes) by
+measurement: tau and wall time of each candidate against AR on prompts the head never trained
+on and the benchmark does not use (`train.prompts.build_prompts` with another seed, minus every training prompt), one
 `sj.generate` call per prompt at batch 1, greedy, candidates interleaved in a fresh random order
 each repeat, least wall time of the repeats. Prints a table; the fastest goes into the head.
 
     python benchmarks/eagle_tree_choice.py HEAD_DIR [--model smollm2] [--prompts 8] [--repeats 3]
+        [--trained-on runs/smollm2-distill/prompts.jsonl]
 """
 import argparse
 import json
@@ -17,8 +18,11 @@ from specjax.bench.prompts import prompt_ids
 from specjax.drafters import Eagle
 from specjax.train.prompts import build_prompts
 
-CANDIDATES = [(2, 3, 4), (4, 3, 8), (4, 5, 8), (6, 5, 12), (6, 6, 16)]  # top_k, depth, nodes: 4 and 8 nodes cost
-# 1.44x and 1.61x an AR step here, 12 and 16 1.89x and 2.07x (benchmarks/README.md)
+# (top_k, depth, total_tokens, min_prob, verify_sizes): 4 and 8 nodes cost 1.44x and 1.61x an AR
+# step here, 12 and 16 1.89x and 2.07x (benchmarks/README.md); with min_prob the tree keeps the
+# nodes the head is sure of and the target verifies the smallest size that holds them.
+CANDIDATES = [(2, 3, 4, 0.0, ()), (4, 3, 8, 0.0, ()), (4, 5, 8, 0.0, ()), (4, 5, 8, 0.1, (1, 4)),
+              (6, 5, 12, 0.1, (1, 4, 8)), (6, 6, 16, 0.05, (4, 8, 12))]
 
 p = argparse.ArgumentParser()
 p.add_argument("head")
@@ -35,8 +39,9 @@ if args.trained_on:
     seen = {json.dumps(json.loads(line)["turns"]) for line in Path(args.trained_on).read_text().splitlines()}
 rows = [r for r in build_prompts(4 * args.prompts, seed=20261124) if json.dumps(r["turns"]) not in seen]
 prompts = [prompt_ids(tok, r) for r in rows[: args.prompts]]
-methods = {"ar": None, **{f"eagle {k}/{d}/{n}": Eagle.load(args.head, target=model, top_k=k, depth=d, total_tokens=n)
-                          for k, d, n in CANDIDATES}}
+methods = {"ar": None, **{f"eagle {k}/{d}/{n} p>={p} {sizes}": Eagle.load(
+    args.head, target=model, top_k=k, depth=d, total_tokens=n, min_prob=p, verify_sizes=sizes)
+    for k, d, n, p, sizes in CANDIDATES}}
 run = {name: (lambda d: lambda: [sj.generate(model, [q], max_new_tokens=args.max_new_tokens, drafter=d)
                                  for q in prompts])(d) for name, d in methods.items()}
 results = {name: f() for name, f in run.items()}  # compile

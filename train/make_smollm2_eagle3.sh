@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 OUT=specjax/assets/smollm2-eagle
-TREE=${TREE:-"4 4 8"}  # top_k depth total_tokens
+TREE=${TREE:-"2 3 4"}  # top_k depth total_tokens
 
 $PY -m specjax.train distill --model smollm2 --out runs/smollm2-distill --num-prompts 1500
 $PY -m specjax.train --config configs/smollm2-eagle3.toml
