@@ -41,7 +41,7 @@ def _draft(mode: str, **settings) -> Callable[[Model], Drafter]:
 
 def _shipped_eagle(target: Model) -> Eagle:
     """The EAGLE head shipped for this target: tiny's (an 8-node tree for the CPU) or SmolLM2's
-    EAGLE-3 (the tree settings stored with it, chosen from its forward-cost curve)."""
+    EAGLE-3 (its 4-node tree stored with it, chosen by benchmarks/eagle_tree_choice.py)."""
     name = ckpt.shipped_target(target.config, "eagle")
     return Eagle.load(name, target=target, **(dict(top_k=4, depth=4, total_tokens=8) if name == "tiny" else {}))
 
