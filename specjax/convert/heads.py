@@ -96,19 +96,23 @@ def accuracy_table(meta: dict) -> tuple | None:
     return tuple(map(tuple, meta["accuracy"])) if meta.get("accuracy") else None
 
 
+def shipped_heads(kind: str) -> dict[str, Path]:
+    """The heads of `kind` shipped with specjax, by target name (`specjax/assets/<name>-<kind>`)."""
+    return {d.name[: -len(kind) - 1]: d for d in sorted(ASSETS.glob(f"*-{kind}")) if d.is_dir()}
+
+
 def resolve_head(path: str | os.PathLike, kind: str) -> Path:
-    """A shipped target's name ('tiny', 'smollm2') -> its shipped head of `kind`
-    (`specjax/assets/<name>-<kind>`); an existing file or folder -> itself."""
-    shipped = ASSETS / f"{path}-{kind}"
-    if isinstance(path, str) and "/" not in path and not Path(path).exists() and shipped.is_dir():
-        if not (shipped / HEAD_JSON).is_file():
-            raise FileNotFoundError(f"the shipped heads {shipped} are not there (not built yet? see "
+    """A shipped target's name ('tiny', 'smollm2') -> its shipped head of `kind`; an existing
+    file or folder -> itself."""
+    shipped = shipped_heads(kind)
+    if isinstance(path, str) and "/" not in path and not Path(path).exists() and path in shipped:
+        if not (shipped[path] / HEAD_JSON).is_file():
+            raise FileNotFoundError(f"the shipped heads {shipped[path]} are not there (not built yet? see "
                                     f"train/README.md)")
-        return shipped
+        return shipped[path]
     p = Path(path)
     if not p.exists():
-        names = sorted(d.name[: -len(kind) - 1] for d in ASSETS.glob(f"*-{kind}"))
-        raise FileNotFoundError(f"no head checkpoint at {str(path)!r} (shipped {kind} heads: {names})")
+        raise FileNotFoundError(f"no head checkpoint at {str(path)!r} (shipped {kind} heads: {sorted(shipped)})")
     return p
 
 
@@ -121,9 +125,9 @@ def target_signature(config) -> dict:
 def shipped_target(config, kind: str) -> str:
     """The name of the shipped target whose `kind` head was trained for a target of this shape."""
     want = target_signature(config)
-    for folder in sorted(ASSETS.glob(f"*-{kind}")):
+    for name, folder in shipped_heads(kind).items():
         if json.loads((folder / HEAD_JSON).read_text()).get("target") == want:
-            return folder.name[: -len(kind) - 1]
+            return name
     raise ValueError(f"no {kind} head is shipped for this target ({want}); train one (train/README.md) "
                      f"and pass its folder")
 
