@@ -44,7 +44,7 @@ def test_token_bytes_decode_like_the_tokenizer(tiny_tokenizer):
 def test_automaton_matches_the_outlines_index_on_random_walks(tiny_tokenizer):
     from outlines_core import Index
 
-    index = Index(schema_regex(SCHEMA), outlines_vocabulary(tiny_tokenizer.tokenizer, 0))
+    index = Index(schema_regex(SCHEMA), outlines_vocabulary(token_bytes(tiny_tokenizer.tokenizer), 0))
     automaton = sj.constraints.json_schema(SCHEMA, tiny_tokenizer)
     step = jax.jit(automaton.step)
     rng = np.random.default_rng(0)
@@ -53,7 +53,10 @@ def test_automaton_matches_the_outlines_index_on_random_walks(tiny_tokenizer):
         for _ in range(40):
             allowed = np.flatnonzero(np.asarray(automaton.allowed(ours)))
             assert sorted(index.get_allowed_tokens(theirs)) == allowed.tolist()
-            assert (int(automaton.forced[ours]) >= 0) == (len(allowed) == 1)
+            forced = int(automaton.forced[ours])
+            assert forced in allowed or (forced == -1 and len(allowed) > 1)
+            if len(allowed) == 1:
+                assert forced == allowed[0]
             token = int(rng.choice(allowed))
             forbidden = int(rng.choice(np.setdiff1d(np.arange(automaton.vocab_size), allowed)))
             assert int(step(ours, jnp.int32(forbidden))) == automaton.dead
@@ -61,6 +64,30 @@ def test_automaton_matches_the_outlines_index_on_random_walks(tiny_tokenizer):
                 assert index.is_final_state(theirs)
                 break
             ours, theirs = step(ours, jnp.int32(token)), index.get_next_state(theirs, token)
+
+
+def _forced_walk(automaton, tokenizer, state=None):
+    """The text of the forced tokens followed from `state` (default: the start)."""
+    state, out = automaton.initial if state is None else state, []
+    while int(automaton.forced[state]) >= 0 and len(out) < 32:
+        out.append(int(automaton.forced[state]))
+        state = automaton.step(state, jnp.int32(out[-1]))
+    return tokenizer.decode(out), state
+
+
+def test_forced_text_runs_to_the_next_free_choice_in_json_dumps_spacing(tiny_tokenizer):
+    record = sj.constraints.regex(RECORD, tiny_tokenizer)
+    assert _forced_walk(record, tiny_tokenizer)[0] == '{"id": '
+    _, state = _forced_walk(record, tiny_tokenizer)
+    state = record.step(state, jnp.int32(tiny_tokenizer.encode("7")[0]))
+    assert int(record.forced[state]) == -1  # another digit, or the comma
+    # optional spaces ([ ]? around every separator): a space after ':' and ',' only
+    schema = sj.constraints.json_schema(SCHEMA, tiny_tokenizer)
+    text, state = _forced_walk(schema, tiny_tokenizer)
+    assert text == '{"name": "'
+    for token in tiny_tokenizer.encode('Bo"'):
+        state = schema.step(state, jnp.int32(token))
+    assert _forced_walk(schema, tiny_tokenizer, state)[0] == ', "age": '
 
 
 def test_integer_ranges_and_refused_features():
@@ -97,9 +124,11 @@ def test_greedy_constrained_speculation_equals_constrained_ar(tiny_tokenizer):
 
 def _small_automaton() -> TokenAutomaton:
     """State 0 allows 1, 2, 4; after 1 or 4 (state 1) tokens 0 and 3; after 2 (state 2) only 5
-    (forced); states 1 and 2 then allow 1, 3, 5 (state 3: a loop)."""
+    (forced); states 1 and 2 then allow 1, 3, 5 (state 3: a loop). States 0, 1 and 3 predict
+    4, 3 and 1 (forced text), which the target may refuse."""
     return TokenAutomaton.from_transitions(
-        {0: {1: 1, 2: 2, 4: 1}, 1: {0: 3, 3: 3}, 2: {5: 3}, 3: {1: 3, 3: 3, 5: 3}}, 0, V)
+        {0: {1: 1, 2: 2, 4: 1}, 1: {0: 3, 3: 3}, 2: {5: 3}, 3: {1: 3, 3: 3, 5: 3}}, 0, V,
+        forced={0: 4, 1: 3, 3: 1})
 
 
 def _exact_constrained_joint(target, automaton, params, n=2):
@@ -126,9 +155,11 @@ def test_sampled_law_is_the_constrained_law_and_unadvanced_states_are_caught(mon
     target, draft = sharp_model(0), sharp_model(1)
     automaton, params = _small_automaton(), SamplingParams(1.0)
     exact = _exact_constrained_joint(target, automaton, params)
-    drafter = sj.drafters.Forced(sj.drafters.DraftModel(draft, k=2), max_forced=2)
-    counts = sampled_joint(target, drafter, None, params, constraint=automaton)
-    assert chi_square_pvalue(counts, exact) > 1e-3
+    assert np.asarray(automaton.forced)[:4].tolist() == [4, 3, 5, 1]
+    for drafter in (sj.drafters.Forced(sj.drafters.PromptLookup(), max_forced=2),  # TopK
+                    sj.drafters.Forced(sj.drafters.DraftModel(draft, k=2), max_forced=2)):  # chain
+        counts = sampled_joint(target, drafter, None, params, constraint=automaton)
+        assert chi_square_pvalue(counts, exact) > 1e-3, drafter.name
     # negative control: every draft node masked with the root's state, not its own path's
     monkeypatch.setattr(TokenAutomaton, "node_states",
                         lambda self, tree, root: jnp.broadcast_to(root[:, None], tree.tokens.shape))

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from specjax.constraints.automaton import TokenAutomaton
 from specjax.constraints.json_schema import UnsupportedSchema, schema_regex
-from specjax.constraints.vocabulary import outlines_vocabulary
+from specjax.constraints.forced_text import forced_first_tokens
+from specjax.constraints.vocabulary import outlines_vocabulary, token_bytes
 
 __all__ = ["TokenAutomaton", "UnsupportedSchema", "json_schema", "regex"]
 
@@ -26,15 +27,17 @@ def regex(pattern: str, tokenizer, *, vocab_size: int | None = None) -> TokenAut
     from outlines_core import Index
 
     tok, eos = _tokenizer(tokenizer)
+    raw = token_bytes(tok)
     try:
-        index = Index(pattern, outlines_vocabulary(tok, eos[0]))
+        index = Index(pattern, outlines_vocabulary(raw, eos[0]))
     except ValueError as e:
         raise UnsupportedSchema(f"cannot compile the regex {pattern!r}: {e}") from None
     transitions = index.get_transitions()
     for state in index.get_final_states():  # every EOS id ends the output, not just the first
         transitions.setdefault(state, {}).update({e: state for e in eos})
     return TokenAutomaton.from_transitions(transitions, index.get_initial_state(),
-                                           max(vocab_size or 0, tok.get_vocab_size()), eos)
+                                           max(vocab_size or 0, tok.get_vocab_size()), eos,
+                                           forced_first_tokens(transitions, raw, tok, eos))
 
 
 def json_schema(schema: dict | str, tokenizer, *, whitespace: str | None = None,

@@ -6,7 +6,9 @@ Layout (S states, padded to a bucket; V the model's vocabulary; E transitions):
   offsets:    int32[S + 1]           state s's transitions are entries offsets[s]:offsets[s+1]
   tokens:     int32[E]               their tokens, ascending within each state
   next_state: int32[E]               and the states they lead to
-  forced:     int32[S]               the one allowed token of a state that allows exactly one, else -1
+  forced:     int32[S]               the token a state's forced text starts with, else -1: certain
+                                     where the state allows one token, a prediction elsewhere
+                                     (`forced_text`)
 
 A dense [S, V] next-state table would be S * 49152 * 4 bytes (200 MB at 1000 states); the
 bitmask is 1/32 of that, and the transitions are stored once each (CSR), found by a binary
@@ -53,9 +55,12 @@ class TokenAutomaton:
 
     @classmethod
     def from_transitions(cls, transitions: dict[int, dict[int, int]], initial: int, vocab_size: int,
-                         eos_token_ids: tuple[int, ...] = ()) -> TokenAutomaton:
-        """From {state: {token: next state}} (integer state ids). Sizes are padded to powers
-        of two, so constraints of similar size share one compiled program."""
+                         eos_token_ids: tuple[int, ...] = (), forced: dict[int, int] | None = None
+                         ) -> TokenAutomaton:
+        """From {state: {token: next state}} (integer state ids). forced: {state: token}, the
+        drafts of states that allow more than one token (`forced_text.forced_first_tokens`).
+        Sizes are padded to powers of two, so constraints of similar size share one compiled
+        program."""
         src = np.concatenate([np.full(len(t), s, np.int64) for s, t in transitions.items()] + [[]])
         tok = np.concatenate([np.fromiter(t, np.int64, len(t)) for t in transitions.values()] + [[]])
         dst = np.concatenate([np.fromiter(t.values(), np.int64, len(t)) for t in transitions.values()] + [[]])
@@ -69,8 +74,10 @@ class TokenAutomaton:
         src, tok, dst = src[order].astype(np.int32), tok[order].astype(np.int32), dst[order]
         counts = np.bincount(src, minlength=rows)
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-        forced = np.full(rows, -1, np.int32)
-        forced[counts == 1] = tok[offsets[:-1][counts == 1]]
+        forced_at = np.full(rows, -1, np.int32)
+        if forced:
+            forced_at[np.searchsorted(names, list(forced))] = list(forced.values())
+        forced_at[counts == 1] = tok[offsets[:-1][counts == 1]]
         words = -(-vocab_size // 32)
         bits = np.zeros((rows, words * 32), bool)
         bits[src, tok] = True
@@ -80,7 +87,7 @@ class TokenAutomaton:
         nxt = np.concatenate([dst, np.full(edges - len(dst), dead, np.int32)])
         packed = np.packbits(bits.reshape(rows, words, 32)[..., ::-1], axis=-1).view(">u4")[..., 0]
         return cls(jnp.asarray(packed.astype(np.uint32)), jnp.asarray(offsets), jnp.asarray(toks),
-                   jnp.asarray(nxt), jnp.asarray(forced), jnp.asarray(np.searchsorted(names, initial), jnp.int32),
+                   jnp.asarray(nxt), jnp.asarray(forced_at), jnp.asarray(np.searchsorted(names, initial), jnp.int32),
                    vocab_size, tuple(eos_token_ids))
 
     # ---- device functions (pure; any leading shape) -------------------------------------------

@@ -59,12 +59,13 @@ def token_bytes(tokenizer: Tokenizer) -> dict[int, bytes]:
     return out
 
 
-def outlines_vocabulary(tokenizer: Tokenizer, eos_token_id: int):
-    """The outlines-core Vocabulary of a tokenizer: token bytes -> ids, EOS apart."""
+def outlines_vocabulary(raw: dict[int, bytes], eos_token_id: int):
+    """The outlines-core Vocabulary of a tokenizer's {id: bytes} (`token_bytes`): bytes -> ids,
+    EOS apart."""
     from outlines_core import Vocabulary
 
     grouped: dict[bytes, list[int]] = {}
-    for i, raw in token_bytes(tokenizer).items():
+    for i, text in raw.items():
         if i != eos_token_id:
-            grouped.setdefault(raw, []).append(i)
+            grouped.setdefault(text, []).append(i)
     return Vocabulary(eos_token_id, grouped)

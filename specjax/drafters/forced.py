@@ -1,11 +1,15 @@
-"""Forced: forced-token drafting for constrained decoding, around any drafter.
+"""Forced: forced-text drafting for constrained decoding, around any drafter.
 
-Where the constraint (`sj.constraints`) allows exactly one token, that token is certain: the
-constrained target gives it probability 1. Up to `max_forced` such tokens in a row are drafted
-as a chain with q = 1 (so `{"name": "` costs no target steps to guess), and the inner
-drafter's tree continues from the chain's end: it proposes from a context where the forced
-tokens are already committed, which they will be. Node layout, per row with k forced tokens:
-root, the k forced tokens, the inner tree's non-root nodes, then the unused forced slots
+Each automaton state names a draft token (`TokenAutomaton.forced`): the one allowed token where
+there is one, which the constrained target gives probability 1, else the first token of the
+text the constraint fixes from there (`constraints.forced_text`: after `{`, `"name": "` in
+json.dumps spacing), a prediction. Up to `max_forced` of them in a row are drafted as a chain of
+deterministic drafts (q = a point mass, as for any deterministic draft), so the exact rules
+accept one with the constrained target's probability of it and, on rejection, sample the
+residual without it: a wrong prediction costs acceptance, never exactness. The inner drafter's
+tree continues from the chain's end: it proposes from a context where the chain is committed,
+and its nodes are verified only where the chain was accepted. Node layout, per row with k forced
+tokens: root, the k forced tokens, the inner tree's non-root nodes, then the unused forced slots
 (invalid), so a chain drafter's tree stays a chain in index order.
 """
 
@@ -23,8 +27,9 @@ from specjax.tree import DraftTree
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Forced(Drafter):
-    """Drafts the constraint's forced tokens, then `inner`'s tree (default: none). `inner` must
-    keep its state without `update` (NoDrafter, PromptLookup, Lookahead, DraftModel)."""
+    """Drafts the constraint's forced text (certain or predicted tokens), then `inner`'s tree
+    (default: none). `inner` must keep its state without `update` (NoDrafter, PromptLookup,
+    Lookahead, DraftModel)."""
 
     inner: Drafter = dataclasses.field(default_factory=NoDrafter)
     max_forced: int = dataclasses.field(default=8, metadata=dict(static=True))
@@ -52,9 +57,11 @@ class Forced(Drafter):
 
     @property
     def tree_sizes(self) -> tuple[int, ...]:
-        """The inner sizes, and each with room for max_forced forced tokens (one compiled
-        forward per size: finer steps would cost compile time for little)."""
-        return tuple(sorted({s + j for s in self.inner.tree_sizes for j in (0, self.max_forced)}))
+        """The inner sizes, each with room for 0, 2, 4 or max_forced forced tokens: most forced
+        runs are short (`", "age": ` is 5 tokens), and a verify of 3 nodes costs less than
+        one of 9 (one compiled forward per size)."""
+        room = {j for j in (0, 2, 4) if j < self.max_forced} | {self.max_forced}
+        return tuple(sorted({s + j for s in self.inner.tree_sizes for j in room}))
 
     def default_verifier(self, sampling):
         return self.inner.default_verifier(sampling)
