@@ -26,8 +26,7 @@ The choice is made at two levels:
   k = 0 wins nothing is observed, so AR runs until a probe: after `probe_every` AR steps one
   step of the smallest k > 0 refreshes r_1; the gap doubles after each probe (up to 256 steps)
   and resets when speculation wins again. The draft model's cache is not fed during k = 0
-  steps; the next k > 0 step first catches it up in chunks (`DraftModel.chain` gives a
-  `CatchUpDraftModel`).
+  steps; the next k > 0 step first catches it up in chunks (`DraftModel.chunk`).
 
 Greedy output equals plain AR token for token (every variant is lossless); with sampling, each
 variant uses its drafter's exact rule, so the output law is the target's.

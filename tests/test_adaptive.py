@@ -10,7 +10,6 @@ import pytest
 import specjax as sj
 from specjax import adaptive, engine
 from specjax.drafters import DraftModel, PromptLookup
-from specjax.drafters.draft_model import CatchUpDraftModel
 from specjax.models import KVCache
 
 
@@ -111,9 +110,9 @@ def test_goodput_rule_and_errors(models):
 def test_draft_cache_catches_up_from_behind(models):
     """Self-draft whose cache starts empty, the whole prompt behind (as after AR steps, whose
     tokens the draft never sees): every draft can only match the target's greedy token, and
-    be accepted, if CatchUpDraftModel fed the missing tokens correctly, chunk by chunk."""
+    be accepted, if DraftModel fed the missing tokens correctly, chunk by chunk."""
     target, _ = models
-    drafter = CatchUpDraftModel(target, mode="chain", k=4, chunk=4)
+    drafter = DraftModel(target, mode="chain", k=4, chunk=4)
     padded, lengths = engine.pad_prompts(PROMPTS, target.config.vocab_size)
     plan = engine.plan(target.config, target, padded.shape[1], drafter, None, 24, 0.0, None, None, None)
 

@@ -120,6 +120,34 @@ def test_greedy_constrained_speculation_equals_constrained_ar(tiny_tokenizer):
         assert spec.stats["target_calls"] < ar.stats["target_calls"]
 
 
+def test_forced_draft_model_catches_up_past_its_chain(tiny_tokenizer, monkeypatch):
+    """Forced hands its draft model a context with the forced run appended, so the draft's cache
+    lags by more than its chain + 1 tokens: it must still catch up, or its logits come out NaN
+    and its drafts are dropped (greedy output stays AR's either way)."""
+    model, draft = sj.load("tiny"), sj.drafters.DraftModel(sj.load("tiny-draft"), k=3)
+    constraint = sj.constraints.regex(RECORD, tiny_tokenizer)
+    prompts = [tiny_tokenizer.encode("The record:"), tiny_tokenizer.encode("def main():\n    return")]
+    seen, propose = [], sj.drafters.DraftModel.propose
+
+    def spy(self, cache, ctx, key):
+        tree, out = propose(self, cache, ctx, key)
+        jax.debug.callback(lambda lag, valid: seen.append((np.asarray(lag), np.asarray(valid))),
+                           ctx.length - cache.lengths, tree.valid)
+        return tree, out
+
+    monkeypatch.setattr(sj.drafters.DraftModel, "propose", spy)
+    jax.clear_caches()  # the loop compiled above must be traced again
+    try:
+        spec = sj.generate(model, prompts, max_new_tokens=40, constraint=constraint,
+                           drafter=sj.drafters.Forced(draft))
+    finally:
+        jax.clear_caches()
+    ar = sj.generate(model, prompts, max_new_tokens=40, constraint=constraint)
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    assert max(lag.max() for lag, _ in seen) > draft.max_depth + 1
+    assert all(valid.all() for _, valid in seen), [valid.all(1) for _, valid in seen]
+
+
 # ---- the sampled law on a 6-token vocabulary ----------------------------------------------------
 
 def _small_automaton() -> TokenAutomaton:

@@ -16,9 +16,11 @@ At temperature 0 every mode drafts deterministically (argmax, top-k, plain beam 
 the draft's softmax and the Greedy rule verifies.
 
 The draft keeps its own KV cache in step with the target's: each propose first feeds the
-tokens committed since the last one (at most depth + 1 of them, the root last), then the
-tree so far under its ancestor mask, one forward per level. Tree entries written past the
-committed length are never read from the cache, so nothing needs undoing on rejection.
+tokens committed since the last one, the root last (the last depth + 1 in one forward, any
+before them `chunk` at a time: none after a step it drafted, more after steps it did not
+draft or a Forced run), then the tree so far under its ancestor mask, one forward per level.
+Tree entries written past the committed length are never read from the cache, so nothing
+needs undoing on rejection.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class DraftModel(Drafter):
 
     chain: k; iid: k sequences of `depth`; gumbel: `branching` (b_1, ..., b_L); beam: `width`
     and `depth`; topk: `template`, parent indices in breadth-first order (root first, -1);
-    dyspec: `width` nodes per round for `depth` rounds.
+    dyspec: `width` nodes per round for `depth` rounds. `chunk`: tokens per forward of a
+    catch-up longer than the tree's depth + 1.
     """
 
     draft: Model
@@ -56,11 +59,12 @@ class DraftModel(Drafter):
     branching: tuple[int, ...] = dataclasses.field(default=(2, 2, 1), metadata=dict(static=True))
     width: int = dataclasses.field(default=4, metadata=dict(static=True))
     template: tuple[int, ...] = dataclasses.field(default=(-1, 0, 0, 0, 1, 1, 2, 4), metadata=dict(static=True))
+    chunk: int = dataclasses.field(default=16, metadata=dict(static=True))
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"unknown DraftModel mode {self.mode!r}; choose from {MODES}")
-        for name in ("k", "depth", "width"):
+        for name in ("k", "depth", "width", "chunk"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}")
         if self.mode == "gumbel" and (not self.branching or min(self.branching) < 1):
@@ -118,12 +122,11 @@ class DraftModel(Drafter):
         return {"chain": verify.SpeculativeSampling(), "iid": verify.SpecTr(), "gumbel": verify.RSD(),
                 "beam": verify.RSD(), "topk": verify.TopK(), "dyspec": verify.RSD()}[self.mode]
 
-    def chain(self, k: int) -> "CatchUpDraftModel":
-        """A chain of k (mode 'chain' only), whose cache may fall behind: see CatchUpDraftModel."""
+    def chain(self, k: int) -> "DraftModel":
+        """A chain of k (mode 'chain' only); its cache catches up after the steps it skips."""
         if self.mode != "chain":
             return super().chain(k)
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(DraftModel)}
-        return CatchUpDraftModel(**{**fields, "k": k})
+        return dataclasses.replace(self, k=k)
 
     def check(self, target: Model) -> None:
         if self.draft.config.vocab_size != target.config.vocab_size:
@@ -142,12 +145,20 @@ class DraftModel(Drafter):
     def propose(self, cache: KVCache, ctx: Context, key):
         cfg = self.draft.config
         b = ctx.tokens.shape[0]
-        # 1. catch up on the tokens committed since the last propose (the root last).
-        start = jnp.minimum(cache.lengths, ctx.length - 1)
+        # 1. catch up on the tokens committed since the last propose (the root last): `chunk` at
+        #    a time while any row lags more than one window, then one window.
         window = self.max_depth + 1
-        idx = jnp.clip(start[:, None] + jnp.arange(window)[None, :], 0, ctx.tokens.shape[1] - 1)
-        catch_up = jnp.take_along_axis(ctx.tokens, idx, axis=1)
-        out = forward(cfg, self.draft.params, catch_up, cache=cache._replace(lengths=start))
+
+        def feed(c):
+            start = jnp.minimum(c.lengths, ctx.length - 1)
+            out = forward(cfg, self.draft.params, _tokens_from(ctx.tokens, start, self.chunk),
+                          cache=c._replace(lengths=start), compute_logits=False)
+            return out.cache._replace(lengths=jnp.minimum(start + self.chunk, ctx.length - 1))
+
+        cache = jax.lax.while_loop(lambda c: jnp.any(c.lengths < ctx.length - window), feed, cache)
+        start = jnp.minimum(cache.lengths, ctx.length - 1)
+        out = forward(cfg, self.draft.params, _tokens_from(ctx.tokens, start, window),
+                      cache=cache._replace(lengths=start))
         root_logits = jnp.take_along_axis(out.logits, (ctx.length - 1 - start)[:, None, None], axis=1)
         cache = out.cache._replace(lengths=ctx.length)
         # 2. grow the tree level by level.
@@ -236,32 +247,15 @@ class DraftModel(Drafter):
         return np.searchsorted(prev, parents[nodes]).astype(np.int32), rank.astype(np.int32)
 
 
+def _tokens_from(tokens, start, n):
+    """tokens[b, start[b]: start[b] + n] of each row [B, n] (indices past the end clipped)."""
+    idx = jnp.clip(start[:, None] + jnp.arange(n)[None, :], 0, tokens.shape[1] - 1)
+    return jnp.take_along_axis(tokens, idx, axis=1)
+
+
 def _truncated_gumbel(t, perturbed, z):
     """Gumbels `perturbed` conditioned on their maximum being t (Kool et al. 2019, appendix B,
     the numerically stable form): t - max(v, 0) - log1p(exp(-|v|)), v = t - x + log1mexp(x - z)."""
     v = t - perturbed + jnp.log(-jnp.expm1(jnp.minimum(perturbed - z, -1e-30)))
     out = t - jnp.maximum(v, 0) - jnp.log1p(jnp.exp(-jnp.abs(v)))
     return jnp.where(jnp.isfinite(perturbed), out, -jnp.inf)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class CatchUpDraftModel(DraftModel):
-    """A chain DraftModel whose cache may lag the committed tokens by any amount: `propose`
-    first feeds the missing tokens `chunk` at a time, then drafts as DraftModel does."""
-
-    chunk: int = dataclasses.field(default=16, metadata=dict(static=True))
-
-    def propose(self, cache: KVCache, ctx: Context, key):
-        cfg, params = self.draft.config, self.draft.params
-        limit = ctx.length - 1 - self.max_depth  # DraftModel.propose catches up <= max_depth + 1
-
-        def feed(c):
-            start = jnp.minimum(c.lengths, ctx.length - 1)
-            idx = jnp.clip(start[:, None] + jnp.arange(self.chunk)[None, :], 0, ctx.tokens.shape[1] - 1)
-            out = forward(cfg, params, jnp.take_along_axis(ctx.tokens, idx, axis=1),
-                          cache=c._replace(lengths=start), compute_logits=False)
-            return out.cache._replace(lengths=jnp.minimum(start + self.chunk, ctx.length - 1))
-
-        cache = jax.lax.while_loop(lambda c: jnp.any(c.lengths < limit), feed, cache)
-        return super().propose(cache, ctx, key)
