@@ -257,7 +257,28 @@ def test_eagle_bad_checkpoints_fail_clearly(tmp_path, target):
         Eagle(eh.init(cfg, jax.random.key(0)), cfg, top_k=2, depth=2, total_tokens=10)
 
 
+def test_eagle_bad_tree_settings_fail_clearly(target):
+    cfg = eh.EagleConfig.for_target(target.config, 1)
+    params = eh.init(cfg, jax.random.key(0), target.params)
+    with pytest.raises(ValueError, match=r"unknown EAGLE tree 'beam'; choose from \('topk', 'dyspec'\)"):
+        Eagle(params, cfg, tree="beam")
+    with pytest.raises(ValueError, match=r"depth=4 must be in \[1, total_tokens - 1 = 3\]"):
+        Eagle(params, cfg, tree="dyspec", depth=4, total_tokens=4)
+    with pytest.raises(ValueError, match="tree='dyspec' needs min_prob=0"):
+        Eagle(params, cfg, tree="dyspec", min_prob=0.1)
+    d = Eagle(params, cfg, tree="dyspec", depth=3, total_tokens=8)  # topk's candidate bound does not apply
+    assert d.widths == (3, 2, 2) and d.num_nodes == 8 and d.max_depth == 3
+
+
 # ---- greedy equality in the engine, and the specjax format ---------------------------------------
+
+def reduced_eagle3(target, d2t, key, **settings):
+    """An EAGLE-3 head drafting over the target ids `d2t` only (SmolLM2's shipped head's layout)."""
+    cfg = dataclasses.replace(eh.EagleConfig.for_target(target.config, 3, (0, 1, target.config.num_layers - 1)),
+                              draft_vocab_size=len(d2t))
+    params = eh.init(cfg, key, target.params, d2t=d2t)
+    return Eagle({**params, "d2t": jnp.asarray(d2t, jnp.int32)}, cfg, **settings)
+
 
 def head_drafters(target):
     c = target.config
@@ -267,7 +288,10 @@ def head_drafters(target):
     eagle = Eagle(eh.init(e1, jax.random.key(3), target.params), e1, top_k=3, depth=3, total_tokens=8)
     return {"medusa": Medusa(mp, tree_size=8), "eagle": eagle,
             "eagle-confident": dataclasses.replace(eagle, min_prob=0.02, verify_sizes=(1, 4)),
-            "eagle3": Eagle(eh.init(e3, jax.random.key(4), target.params), e3, top_k=2, depth=3, total_tokens=7)}
+            "eagle3": Eagle(eh.init(e3, jax.random.key(4), target.params), e3, top_k=2, depth=3, total_tokens=7),
+            "eagle-dyspec": dataclasses.replace(eagle, tree="dyspec"),
+            "eagle3-dyspec": reduced_eagle3(target, np.arange(0, V, 2)[::-1], jax.random.key(4), tree="dyspec",
+                                            depth=3, total_tokens=7)}
 
 
 def check_saved_head_is_lossless(target, drafter, folder):
@@ -286,9 +310,10 @@ def check_saved_head_is_lossless(target, drafter, folder):
     return loaded
 
 
-@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle-confident", "eagle3"])
+@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle-confident", "eagle3", "eagle-dyspec", "eagle3-dyspec"])
 def test_greedy_equals_autoregressive(name, target, tmp_path):
     loaded = check_saved_head_is_lossless(target, head_drafters(target)[name], tmp_path)
+    assert loaded.tree == ("dyspec" if name.endswith("dyspec") else "topk")  # saved in head.json
     if name == "medusa":  # sampling: exact TopK by default, Medusa's typical acceptance on request
         assert loaded.default_verifier(sj.sampling.SamplingParams(0.8)) == sj.verify.TopK()
         out = sj.generate(target, RAGGED[:1], max_new_tokens=8, drafter=loaded, temperature=0.8,
@@ -326,6 +351,57 @@ def test_eagle_drafts_what_its_head_predicts(target):
     valid = np.asarray(first_tree(dataclasses.replace(drafter, min_prob=0.05), pre, tokens, length).valid[0])
     kept = int(valid.sum())
     assert 1 <= kept < len(valid) and valid[:kept].all(), valid
+
+
+# ---- sampling with EAGLE's DySpec tree ---------------------------------------------------------
+
+def sharp_eagle(target, version, **settings):
+    """A random head for the tests' sharp 6-token target: EAGLE-1, or EAGLE-3 drafting over
+    4 of its 6 tokens (q is zero on tokens 1 and 4, which only the residual can emit)."""
+    if version == 3:
+        return reduced_eagle3(target, [5, 0, 3, 2], jax.random.key(6), tree="dyspec", **settings)
+    cfg = eh.EagleConfig.for_target(target.config, 1)
+    return Eagle(eh.init(cfg, jax.random.key(5), target.params, std=0.3), cfg, tree="dyspec", **settings)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_dyspec_tree_keeps_the_autoregressive_law(version):
+    """tree='dyspec' drafts children without replacement from the head's processed
+    distribution, and RSD (the default when sampling) keeps the target's law of the first two
+    tokens (tests/exactness.py, as for DraftModel's dyspec mode)."""
+    from tests.exactness import chi_square_pvalue, exact_joint, sampled_joint, sharp_model
+
+    target = sharp_model(3)
+    drafter = sharp_eagle(target, version, depth=2, total_tokens=5)
+    params = sj.sampling.SamplingParams(temperature=0.9, top_p=0.95)
+    assert drafter.default_verifier(params) == sj.verify.RSD()
+    counts = sampled_joint(target, drafter, None, params)
+    pvalue = chi_square_pvalue(counts, exact_joint(target, params))
+    print(f"EAGLE-{version} dyspec/RSD p-value {pvalue:.3g}")
+    assert pvalue > 1e-4, pvalue
+
+
+@pytest.mark.parametrize("wrong", ["child-scored slots", "SpecInfer"])
+def test_a_wrong_eagle_dyspec_is_detected(wrong, monkeypatch):
+    """Negative controls, each must fail the test above: scoring a sampled slot by its own
+    child's draft probability (EAGLE-2's key lets a child's token decide where it is drafted),
+    or SpecInfer's rule (for i.i.d. children) on children drawn without replacement."""
+    from specjax.drafters import dyspec
+    from tests.exactness import chi_square_pvalue, exact_joint, sampled_joint, sharp_model
+
+    target = sharp_model(3)
+    params = sj.sampling.SamplingParams(temperature=1.0)
+    if wrong == "SpecInfer":
+        drafter, verifier = sharp_eagle(target, 1, depth=2, total_tokens=5), sj.verify.SpecInfer()
+    else:
+        monkeypatch.setattr(dyspec, "_slot_gain", lambda child_q, greedy: child_q)
+        jax.clear_caches()  # programs are traced with the wrong score here, and only here
+        drafter, verifier = sharp_eagle(target, 1, depth=1, total_tokens=4), sj.verify.RSD()
+    counts = sampled_joint(target, drafter, verifier, params)
+    jax.clear_caches()
+    pvalue = chi_square_pvalue(counts, exact_joint(target, params))
+    print(f"EAGLE-1 dyspec, {wrong}: p-value {pvalue:.3g}")
+    assert pvalue < 1e-6, pvalue
 
 
 # ---- training ----------------------------------------------------------------------------------
@@ -424,6 +500,28 @@ def test_shipped_heads_speed_up_the_shipped_target(name):
     got = sj.generate(tiny, prompts, max_new_tokens=24, drafter=named_drafter(name, tiny))
     np.testing.assert_array_equal(got.tokens, want.tokens)
     assert got.stats["tau"] > 1.2, got.stats  # drafts are accepted (PPD, the weakest, reaches 1.26)
+
+
+def test_shipped_eagle_head_drafts_dyspec_trees():
+    """The shipped tiny head growing DySpec's tree (the named eagle's 8 nodes, in 4 rounds):
+    AR's tokens at temperature 0 (batch 1 and a ragged batch), drafts accepted; RSD when
+    sampling."""
+    from specjax.convert import ASSETS
+
+    if not (ASSETS / "tiny" / "config.json").is_file() or not (ASSETS / "tiny-eagle" / "head.json").is_file():
+        pytest.skip("the shipped tiny target or heads are not built")
+    tiny = sj.load("tiny")
+    drafter = Eagle.load("tiny", target=tiny, tree="dyspec", depth=4, total_tokens=8)
+    assert drafter.widths == (2, 2, 2, 1)
+    prompts = [[int(t) for t in row] for row in np.random.default_rng(0).integers(2, 4096, (2, 12))]
+    prompts = [RAGGED[0] + prompts[0], prompts[1][:5]]
+    for batch in (prompts[:1], prompts):
+        want = sj.generate(tiny, batch, max_new_tokens=24)
+        got = sj.generate(tiny, batch, max_new_tokens=24, drafter=drafter)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        assert got.stats["tau"] > 1.2, got.stats
+    out = sj.generate(tiny, prompts, max_new_tokens=8, drafter=drafter, temperature=0.7, key=jax.random.key(0))
+    assert out.stats["verifier"] == "RSD" and (out.num_tokens == 8).all()
 
 
 def test_shipped_heads_are_found_by_the_target_they_were_trained_for(target, tmp_path):

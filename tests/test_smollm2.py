@@ -6,6 +6,7 @@ with the reason, when the wheel is absent."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import subprocess
 import sys
@@ -64,15 +65,17 @@ def test_self_speculative_drafters_keep_greedy_output(name, smollm2, chats, ar_t
     np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
 
 
-def test_shipped_eagle3_head_keeps_greedy_output(smollm2, chats, ar_tokens):
+@pytest.mark.parametrize("tree", ["topk", "dyspec"])
+def test_shipped_eagle3_head_keeps_greedy_output(tree, smollm2, chats, ar_tokens):
     """The EAGLE-3 head shipped for SmolLM2 (the named 'eagle' finds it by the target's shape),
-    drafting over its reduced vocabulary: AR's tokens on the ragged chat batch, drafts accepted."""
+    drafting over its reduced vocabulary, EAGLE-2's tree or DySpec's (its 4 nodes grown one a
+    round): AR's tokens on the ragged chat batch, drafts accepted."""
     model, _ = smollm2
-    drafter = named_drafter("eagle", model)
+    drafter = dataclasses.replace(named_drafter("eagle", model), tree=tree)
     assert drafter.config.version == 3 and drafter.config.draft_vocab_size < model.config.vocab_size
     out = sj.generate(model, chats, max_new_tokens=40, drafter=drafter)
     np.testing.assert_array_equal(out.tokens, ar_tokens)
-    assert out.stats["tau"] > 1.5, out.stats
+    assert out.stats["tau"] > (1.5 if tree == "topk" else 1.4), out.stats  # measured 1.64 / 1.53
 
 
 def _first_two_law(model, prompt, params):

@@ -1,7 +1,11 @@
-"""The EAGLE drafter: an EAGLE-1 or EAGLE-3 draft layer (`specjax.heads.eagle`) growing
-EAGLE-2's dynamic tree from the target's features. Trees are deterministic top-k expansions
-(q = None): Greedy is exact at temperature 0 and TopK when sampling. Checkpoints, including the
-published EAGLE-1 / EAGLE-3 layouts: `specjax.convert.heads`."""
+"""The EAGLE drafter: an EAGLE-1 or EAGLE-3 draft layer (`specjax.heads.eagle`) growing a
+dynamic tree from the target's features, one of two kinds (`tree`):
+- "topk": EAGLE-2's tree, deterministic top-k expansions reranked by path probability (q =
+  None): Greedy is exact at temperature 0 and TopK when sampling;
+- "dyspec": DySpec's dynamic tree (`specjax.drafters.dyspec`) over the head's processed
+  distribution, children drawn without replacement when sampling (q set: RSD is exact, where
+  TopK would treat the drafts as point masses); at temperature 0 the head's top tokens (Greedy).
+Checkpoints, including the published EAGLE-1 / EAGLE-3 layouts: `specjax.convert.heads`."""
 
 from __future__ import annotations
 
@@ -13,12 +17,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import sampling, verify
 from specjax.convert import heads as ckpt
-from specjax.drafters import feature_cache, tree_budget
+from specjax.drafters import dyspec, feature_cache, tree_budget
 from specjax.drafters.base import Context, Drafter
 from specjax.heads import eagle as eagle_head
 from specjax.heads.eagle import EagleConfig
 from specjax.models import Model, lm_head_weight
+from specjax.tree import DraftTree
+
+TREES = ("topk", "dyspec")
 
 
 @jax.tree_util.register_dataclass
@@ -33,6 +41,12 @@ class Eagle(Drafter):
     smallest of `verify_sizes` (and `total_tokens`) that holds them, so an unsure step costs a
     small forward; pick the sizes from the hardware's verify cost (on a CPU: 4 and 8 nodes).
 
+    tree="dyspec" grows DySpec's tree instead (exact under sampling with RSD): `depth` rounds,
+    one head step each, that add `widths` nodes in all, the total_tokens - 1 spread evenly,
+    earlier rounds first (total_tokens=8, depth=3: (3, 2, 2)); top_k is unused. Its nodes are
+    never dropped (min_prob must be 0: dropping a node by its own draft probability breaks
+    RSD's exactness), so verify_sizes only matter where the head's support runs out.
+
     The head keeps its own one-layer KV cache: entry j reads the target's feature at position j
     and the token j+1; each propose first feeds the entries committed since the last one (the
     accepted path's features, handed over by `update`), then grows the tree."""
@@ -44,13 +58,23 @@ class Eagle(Drafter):
     total_tokens: int = dataclasses.field(default=32, metadata=dict(static=True))
     min_prob: float = dataclasses.field(default=0.0, metadata=dict(static=True))
     verify_sizes: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
+    tree: str = dataclasses.field(default="topk", metadata=dict(static=True))
 
     def __post_init__(self):
+        if self.tree not in TREES:
+            raise ValueError(f"unknown EAGLE tree {self.tree!r}; choose from {TREES}")
         for n in ("top_k", "depth", "total_tokens"):
             if not isinstance(getattr(self, n), int) or getattr(self, n) < 1:
                 raise ValueError(f"{n} must be an integer >= 1, got {getattr(self, n)!r}")
         cands = self.top_k + (self.depth - 1) * self.top_k ** 2
-        if not 2 <= self.total_tokens <= cands + 1:
+        if self.tree == "dyspec":
+            if not 1 <= self.depth <= self.total_tokens - 1:
+                raise ValueError(f"tree='dyspec' adds at least one node per round: depth={self.depth} must be "
+                                 f"in [1, total_tokens - 1 = {self.total_tokens - 1}]")
+            if self.min_prob != 0.0:
+                raise ValueError(f"tree='dyspec' needs min_prob=0 (got {self.min_prob!r}): dropping nodes by "
+                                 f"their own draft probability breaks RSD's exactness")
+        elif not 2 <= self.total_tokens <= cands + 1:
             raise ValueError(f"total_tokens={self.total_tokens} must be in [2, {cands + 1}] for "
                              f"top_k={self.top_k}, depth={self.depth} ({cands} candidate nodes)")
         if not 0.0 <= self.min_prob < 1.0:
@@ -69,6 +93,12 @@ class Eagle(Drafter):
         return self.total_tokens
 
     @property
+    def widths(self) -> tuple[int, ...]:
+        """tree="dyspec": nodes added per round, total_tokens - 1 over `depth` rounds."""
+        per, extra = divmod(self.total_tokens - 1, self.depth)
+        return tuple(per + (r < extra) for r in range(self.depth))
+
+    @property
     def max_depth(self) -> int:
         return min(self.depth, self.total_tokens - 1)
 
@@ -79,6 +109,11 @@ class Eagle(Drafter):
     @property
     def target_layers(self) -> tuple[int, ...]:
         return self.config.target_layers
+
+    def default_verifier(self, params: sampling.SamplingParams) -> verify.Verifier:
+        if params.greedy:
+            return verify.Greedy()
+        return verify.RSD() if self.tree == "dyspec" else verify.TopK()
 
     def check(self, target: Model) -> None:
         c, h = target.config, self.config
@@ -133,6 +168,8 @@ class Eagle(Drafter):
         # 1. catch up: entries [dc, length - 1) read the features of the accepted path.
         run = functools.partial(self._entries, ctx.model)
         cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
+        if self.tree == "dyspec":
+            return self._dyspec(cache, h_root, ctx, key, head_w), {**state, "cache": cache}
 
         # 2. expand: the top_k beams, top_k children each, for `depth` levels.
         lp, tk = jax.lax.top_k(draft_logp(h_root)[:, 0], k)  # [B, k]
@@ -181,13 +218,41 @@ class Eagle(Drafter):
         tree = tree_budget.best_subtree(tokens, parents, score, score >= jnp.log(self.min_prob), n, depth)
         return tree, {**state, "cache": cache}
 
+    def _dyspec(self, cache, h_root, ctx: Context, key, head_w) -> DraftTree:
+        """DySpec's tree from the root's output h_root [B, 1, E]: each round one head step over
+        the non-root nodes so far (node i reads its parent's output and its own token, at entry
+        position root_entry + depth(i), seeing its ancestors), as the topk tree's levels do. q is
+        the head's processed distribution over the target's whole vocabulary (an EAGLE-3 draft
+        vocabulary maps through d2t; q is zero elsewhere, which every exact rule handles)."""
+        cfg, params = self.config, self.params
+        greedy = ctx.sampling.greedy
+        process = (lambda lg: jax.nn.softmax(lg, -1)) if greedy else (lambda lg: sampling.probs(lg, ctx.sampling))
+        dist = lambda h: process(eagle_head.logits(cfg, params, h, head_w))
+        b, n = ctx.tokens.shape[0], self.total_tokens
+        rows = jnp.arange(b)[:, None]
+        outs = jnp.zeros((b, n, cfg.hidden_size), jnp.float32).at[:, 0].set(h_root[:, 0])
+
+        def dist_after(tree: DraftTree, new: slice, outs):
+            m = new.stop  # nodes 1..m-1 so far
+            feat = outs[rows, jnp.maximum(tree.parents[:, 1:m], 0)]
+            emb = eagle_head.embed(params, ctx.model.params["embed"], tree.tokens[:, 1:m])
+            pos = tree.positions(feature_cache.root_entry(ctx.length))[:, 1:m]
+            out, _, _ = eagle_head.step(cfg, params, emb, feat, pos, cache, tree.ancestors[:, 1:m, 1:m])
+            out = out[:, new.start - 1:]
+            return dist(out), outs.at[:, new].set(out)
+
+        tree, _ = dyspec.grow(ctx.root, dist(h_root[:, 0]), dist_after, outs, key, widths=self.widths,
+                              greedy=greedy)
+        return tree
+
     # ---- checkpoints ---------------------------------------------------------------------------
 
     def save(self, folder, target: Model | None = None) -> None:
         """Write the specjax format: head.json + head.safetensors (with `target`, the shape of
         the target it drafts for, by which the named drafter finds a shipped head)."""
         meta = {"config": self.config.to_dict(), "top_k": self.top_k, "depth": self.depth,
-                "total_tokens": self.total_tokens, "min_prob": self.min_prob, "verify_sizes": self.verify_sizes}
+                "total_tokens": self.total_tokens, "min_prob": self.min_prob, "verify_sizes": self.verify_sizes,
+                "tree": self.tree}
         if target is not None:
             meta["target"] = ckpt.target_signature(target.config)
         ckpt.save_head(folder, "eagle", self.params, meta)
@@ -202,7 +267,8 @@ class Eagle(Drafter):
         p = ckpt.resolve_head(path, "eagle")
         if ckpt.is_head_folder(p):
             params, meta = ckpt.read_head(p, "eagle", "EAGLE")
-            kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes") if k in meta}
+            kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes", "tree")
+                  if k in meta}
             d = cls(params, EagleConfig.from_dict(meta["config"]), **{**kw, **settings})
         else:
             folder = p if p.is_dir() else p.parent
