@@ -313,7 +313,8 @@ def check_saved_head_is_lossless(target, drafter, folder):
 @pytest.mark.parametrize("name", ["medusa", "eagle", "eagle-confident", "eagle3", "eagle-dyspec", "eagle3-dyspec"])
 def test_greedy_equals_autoregressive(name, target, tmp_path):
     loaded = check_saved_head_is_lossless(target, head_drafters(target)[name], tmp_path)
-    assert loaded.tree == ("dyspec" if name.endswith("dyspec") else "topk")  # saved in head.json
+    if isinstance(loaded, Eagle):
+        assert loaded.tree == ("dyspec" if name.endswith("dyspec") else "topk")  # saved in head.json
     if name == "medusa":  # sampling: exact TopK by default, Medusa's typical acceptance on request
         assert loaded.default_verifier(sj.sampling.SamplingParams(0.8)) == sj.verify.TopK()
         out = sj.generate(target, RAGGED[:1], max_new_tokens=8, drafter=loaded, temperature=0.8,
