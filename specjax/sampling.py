@@ -62,6 +62,12 @@ def probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
     return jax.nn.softmax(logits, axis=-1)
 
 
+def draft_probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
+    """A draft's distribution q: the processed one when sampling; at temperature 0 its softmax,
+    whose ranking the draft follows (Greedy verification reads no q)."""
+    return jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if params.greedy else probs(logits, params)
+
+
 def sample(key: jax.Array, p: jax.Array) -> jax.Array:
     """One int32 draw from each distribution on the last axis of `p` (rows need not be normalised)."""
     logp = jnp.log(jnp.maximum(p, 0.0))

@@ -71,8 +71,8 @@ def run(model_name: str, methods: list[str], max_new_tokens: int, repeats: int, 
                 best[m] = max(best[m], calls[m]().stats["tokens_per_s"])
         for method in methods:
             out = first[method]
-            n = int(out.num_tokens[0])
-            tokens = out.tokens[0, :n].tolist()
+            tokens = _new_tokens(out)
+            n = len(tokens)
             ended = bool(tokens) and tokens[-1] in eos
             text = tokenizer.decode(tokens, skip_special_tokens=True)
             rows.append({"schema": item["name"], "kind": item["kind"], "method": method,
@@ -81,12 +81,16 @@ def run(model_name: str, methods: list[str], max_new_tokens: int, repeats: int, 
                          "tau": out.stats["tau"], "tokens_per_s": best[method],
                          "speedup": best[method] / best["constrained-ar"] if "constrained-ar" in best else None,
                          "equals_constrained_ar": None if "constrained-ar" not in first or not METHODS[method][1]
-                         else tokens == first["constrained-ar"].tokens[0, :n].tolist()
-                         and n == int(first["constrained-ar"].num_tokens[0]),
+                         else tokens == _new_tokens(first["constrained-ar"]),
                          "output": text})
             print(f"{item['name']:18s} {method:34s} {rows[-1]['compliance']:8s} tau {out.stats['tau']:.2f} "
                   f"{rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
     return rows
+
+
+def _new_tokens(out) -> list[int]:
+    """The one row's generated ids."""
+    return out.tokens[0, :int(out.num_tokens[0])].tolist()
 
 
 def summary(rows: list[dict]) -> str:

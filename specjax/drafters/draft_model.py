@@ -26,6 +26,7 @@ needs undoing on rejection.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -163,7 +164,7 @@ class DraftModel(Drafter):
         cache = out.cache._replace(lengths=ctx.length)
         # 2. grow the tree level by level.
         greedy = ctx.sampling.greedy
-        process = (lambda lg: jax.nn.softmax(lg, -1)) if greedy else (lambda lg: sampling.probs(lg, ctx.sampling))
+        process = functools.partial(sampling.draft_probs, params=ctx.sampling)
         if self.mode == "dyspec":
             def dist_after(tree, new, carry):
                 return process(self._tree_logits(tree, cache, ctx)[:, new.start - 1: new.stop - 1]), carry

@@ -226,7 +226,7 @@ class Eagle(Drafter):
         vocabulary maps through d2t; q is zero elsewhere, which every exact rule handles)."""
         cfg, params = self.config, self.params
         greedy = ctx.sampling.greedy
-        process = (lambda lg: jax.nn.softmax(lg, -1)) if greedy else (lambda lg: sampling.probs(lg, ctx.sampling))
+        process = functools.partial(sampling.draft_probs, params=ctx.sampling)
         dist = lambda h: process(eagle_head.logits(cfg, params, h, head_w))
         b, n = ctx.tokens.shape[0], self.total_tokens
         rows = jnp.arange(b)[:, None]
