@@ -18,8 +18,8 @@ from specjax.bench.prompts import prompt_ids
 from specjax.drafters import Eagle
 from specjax.train.prompts import build_prompts
 
-# (top_k, depth, total_tokens, min_prob, verify_sizes): 4 and 8 nodes cost 1.44x and 1.61x an AR
-# step here, 12 and 16 1.89x and 2.07x (benchmarks/README.md); with min_prob the tree keeps the
+# (top_k, depth, total_tokens, min_prob, verify_sizes): 4 and 8 nodes cost 1.50x and 1.81x an AR
+# step here, 12 and 16 2.18x and 2.69x (benchmarks/cpu-smollm2/forward-cost.md); with min_prob the tree keeps the
 # nodes the head is sure of and the target verifies the smallest size that holds them.
 CANDIDATES = [(2, 3, 4, 0.0, ()), (4, 3, 8, 0.0, ()), (4, 5, 8, 0.0, ()), (4, 5, 8, 0.1, (1, 4)),
               (6, 5, 12, 0.1, (1, 4, 8)), (6, 6, 16, 0.05, (4, 8, 12))]
