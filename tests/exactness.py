@@ -54,6 +54,16 @@ def sampled_joint(target, drafter, verifier, params, n=2, calls=4, prompt=PROMPT
     return counts
 
 
+def top_k_first_two_law(model, prompt, params: SamplingParams) -> dict:
+    """The exact law {(a, b): P} of the first two new tokens on a real vocabulary, enumerated over
+    the support that `params` leaves (a small top_k keeps it to a few pairs)."""
+    p1 = np.asarray(probs(sj.forward(model, jnp.array([prompt]))[:, -1], params)[0], np.float64)
+    support = np.flatnonzero(p1)
+    p2 = np.asarray(probs(sj.forward(model, jnp.array([prompt + [int(t)] for t in support]))[:, -1], params),
+                    np.float64)
+    return {(int(a), int(b)): p1[a] * p2[i, b] for i, a in enumerate(support) for b in np.flatnonzero(p2[i])}
+
+
 def chi_square_pvalue(counts, p):
     keep = p * counts.sum() >= 5  # pool cells with tiny expectations
     obs = np.append(counts[keep], counts[~keep].sum())

