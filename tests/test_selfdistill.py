@@ -233,8 +233,8 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
     from specjax.train.loop import data_source
     from specjax.train.objectives import make_objective
 
-    with pytest.raises(ValueError, match="features is for the eagle3 objective"):
-        data_source(from_dict({**raw, "train": {**raw["train"], "objective": "medusa1"}, "heads": {"target": "tiny"}}))
+    with pytest.raises(ValueError, match="features is for the eagle3, medusa1, clover objectives, not 'eagle'"):
+        data_source(from_dict({**raw, "train": {**raw["train"], "objective": "eagle"}, "heads": {"target": "tiny"}}))
     with pytest.raises(ValueError, match="draft_vocab_size needs token_counts"):
         make_objective(from_dict({**raw, "heads": {**raw["heads"], "token_counts": ""}}))
     with pytest.raises(ValueError, match="caches layers"):
@@ -253,3 +253,54 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
     assert train_cli(["--config", str(cfg), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not a feature cache" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("objective", ["medusa1", "clover"])
+def test_medusa_and_clover_train_on_the_feature_cache_with_a_reduced_vocabulary(objective, tiny, distilled, tmp_path):
+    """Medusa-1 and Clover from the cached last layer, drafting over a reduced vocabulary (FR-Spec):
+    the loss falls, the exported head keeps d2t, drafts only ids from it, and decodes greedily
+    exactly as the target alone."""
+    import dataclasses
+
+    from specjax.drafters import Clover, Medusa
+    from specjax.train.config import from_dict
+    from specjax.train.export import export
+    from specjax.train.loop import train
+
+    model, tok = tiny
+    _, answers = distilled
+    folder = cache_features(model, answers, tmp_path / "features", layers=(5,), top_k=8, draft_vocab=64,
+                            progress=False)
+    heads = {"medusa1": {"num_heads": 3, "tree_size": 8},
+             "clover": {"num_heads": 3, "block_layers": 1, "tree_size": 8}}[objective]
+    raw = {"model": dataclasses.asdict(model.config),
+           "data": {"tokenizer": "", "cache_dir": "", "features": str(folder), "seq_len": 32},
+           "optim": {"lr": 1e-2, "warmup_steps": 2, "weight_decay": 0.0},
+           "train": {"out": str(tmp_path / "run"), "objective": objective, "steps": 40, "batch_size": 4,
+                     "log_every": 1, "eval_every": 1000, "save_every": 1000, "eval_batches": 2},
+           "heads": {"target": "tiny", "draft_vocab_size": 64, "token_counts": str(folder / "counts.npy"), **heads}}
+    config = from_dict(raw)
+    result = train(config, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    name = "head0_loss" if objective == "medusa1" else "step0_ce"
+    first = next(r[name] for r in records if r["split"] == "train")
+    assert result["train"][name] < 0.8 * first, (first, result["train"])
+    assert len(result["val"]["top1"]) == 3
+
+    export(config, tmp_path / "head")
+    head = (Medusa if objective == "medusa1" else Clover).load(tmp_path / "head")
+    d2t = np.load(folder / "d2t.npy")
+    np.testing.assert_array_equal(head.params["d2t"], d2t)
+    prompts = [tok.encode("def add(a, b):"), tok.encode("The quick brown fox")]
+    want = sj.generate(model, prompts, max_new_tokens=16)
+    got = sj.generate(model, prompts, max_new_tokens=16, drafter=head)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    assert got.stats["target_calls"] < want.stats["target_calls"]
+    from specjax.drafters.base import Context
+    from specjax.sampling import SamplingParams
+
+    tokens = jax.numpy.asarray(got.tokens)
+    length = jax.numpy.full(2, tokens.shape[1], jax.numpy.int32)
+    state = head.init(model, tokens, length, tokens.shape[1] + 16)
+    tree, _ = head.propose(state, Context(tokens, length, SamplingParams(), model), jax.random.key(0))
+    assert np.isin(np.asarray(tree.tokens)[:, 1:], d2t).all()  # every drafted token is in the vocabulary

@@ -5,7 +5,7 @@
 #      features (EAGLE-3's fused layers + top-16 next tokens) are cached once -> runs/smollm2-distill
 #   2. the head trains on that cache with an 8192-token draft vocabulary    -> runs/smollm2-eagle3
 #   3. export, stored in bfloat16 (cast back to float32 on load), with the CPU tree chosen by
-#      benchmarks/eagle_tree_choice.py (the fastest against AR on prompts outside both the
+#      benchmarks/head_tree_choice.py (the fastest against AR on prompts outside both the
 #      training and the benchmark sets; edit TREE after a rerun of that script).
 # Every stage resumes after a kill: rerun the script. 2-core CPU: ~70 + ~40 minutes.
 # Usage: train/make_smollm2_eagle3.sh   (PYTHON=/path/to/python to pick the interpreter)

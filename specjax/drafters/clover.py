@@ -7,6 +7,7 @@ Medusa's sparse tree (`medusa_tree`) from the per-depth per-rank accuracies the 
 measured: a node at depth d with rank r is the r-th best token of head d-1 at its parent, and
 a node's head state comes from its parent's and its own token (one RNN step), one batched step
 per depth. Trees are deterministic (q = None): Greedy at temperature 0, TopK when sampling.
+A head may draft over a reduced vocabulary (params "d2t", `specjax.heads.vocab`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
 from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
 from specjax.heads import clover as clover_head
+from specjax.heads import vocab
 from specjax.heads.clover import CloverConfig
 from specjax.models import Model, lm_head_weight
 from specjax.tree import DraftTree
@@ -65,7 +67,8 @@ class Clover(Drafter):
         if cfg.target_num_layers != c.num_layers:
             raise ValueError(f"Clover head reads the last layer of a {cfg.target_num_layers}-layer "
                              f"target, but the target has {c.num_layers} layers")
-        shapes = lambda tree: {k: tuple(int(i) for i in v) for k, v in ckpt.flatten(tree).items()}
+        vocab.check_ids(self.params, c.vocab_size, "Clover")
+        shapes = lambda tree: {k: tuple(int(i) for i in v) for k, v in ckpt.flatten(tree).items() if k != "d2t"}
         want = shapes(clover_head.param_shapes(cfg))
         got = shapes(jax.tree.map(lambda x: x.shape, self.params))
         bad = [f"{k} {got.get(k, 'missing')} (expected {s})" for k, s in want.items() if got.get(k) != s]
@@ -99,7 +102,7 @@ class Clover(Drafter):
 
     def propose(self, state, ctx: Context, key):
         cfg, params, cache = self.config, self.params, state["cache"]
-        b, head = ctx.tokens.shape[0], lm_head_weight(ctx.model.config, ctx.model.params)
+        b, head = ctx.tokens.shape[0], vocab.lm_head(params, lm_head_weight(ctx.model.config, ctx.model.params))
 
         # 1. catch up: entries [dc, length - 1) read the hidden states of the accepted path.
         run = functools.partial(self._entries, ctx.model)
@@ -107,14 +110,14 @@ class Clover(Drafter):
 
         # 2. the tree, depth by depth: children are ranked tokens of their parent's head.
         parents, rank, depth = self.template.parents, self.template.rank, self.template.depth
-        ranks = min(self.template.num_ranks, cfg.vocab_size)
+        ranks = min(self.template.num_ranks, head.shape[-1])
         tokens = jnp.zeros((b, self.num_nodes), jnp.int32).at[:, 0].set(ctx.root)
         level, out, hstate = np.array([0]), clover_head.first_head(cfg, params, h_root), h_root
         for d in range(1, self.max_depth + 1):
             nodes = np.flatnonzero(depth == d)
             local = np.searchsorted(level, parents[nodes])  # each node's parent within `level`
             top = jax.lax.top_k(clover_head.logits(out, head), ranks)[1]  # [B, |level|, R]
-            drafted = top[:, local, np.minimum(rank[nodes], ranks - 1)].astype(jnp.int32)
+            drafted = vocab.target_ids(params, top[:, local, np.minimum(rank[nodes], ranks - 1)]).astype(jnp.int32)
             tokens = tokens.at[:, nodes].set(drafted)
             if d < self.max_depth:
                 out, hstate = clover_head.next_head(cfg, params, hstate[:, local], self._embed(ctx.model, drafted))
@@ -124,9 +127,12 @@ class Clover(Drafter):
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    def save(self, folder) -> None:
-        """Write the specjax format: head.json + head.safetensors."""
+    def save(self, folder, target: Model | None = None) -> None:
+        """Write the specjax format: head.json + head.safetensors (with `target`, the shape of
+        the target it drafts for, by which the named drafter finds a shipped head)."""
         meta = {"config": self.config.to_dict(), "tree_size": self.tree_size, "accuracy": self.accuracy}
+        if target is not None:
+            meta["target"] = ckpt.target_signature(target.config)
         ckpt.save_head(folder, "clover", self.params, meta)
 
     @classmethod

@@ -16,6 +16,7 @@ from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
 from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
 from specjax.heads import medusa as medusa_head
+from specjax.heads import vocab
 from specjax.models import Model, lm_head_weight
 from specjax.tree import DraftTree
 
@@ -48,9 +49,11 @@ class Medusa(Drafter):
 
     def check(self, target: Model) -> None:
         k, e = self.params["b1"].shape
-        v = self.params["w2"].shape[2] if "w2" in self.params else target.config.vocab_size
         c = target.config
-        if (e, v) != (c.hidden_size, c.vocab_size):
+        vocab.check_ids(self.params, c.vocab_size, "Medusa")
+        want = len(self.params["d2t"]) if "d2t" in self.params else c.vocab_size  # its W2's columns
+        v = self.params["w2"].shape[2] if "w2" in self.params else want
+        if (e, v) != (c.hidden_size, want):
             raise ValueError(f"Medusa heads are for hidden size {e} and vocabulary {v}, but the target "
                              f"has hidden size {c.hidden_size} and vocabulary {c.vocab_size}")
         if self.accuracy is not None and len(self.accuracy) != k:
@@ -66,7 +69,7 @@ class Medusa(Drafter):
         # heads without their own LM head share the target's
         head = None if "w2" in self.params else lm_head_weight(ctx.model.config, ctx.model.params)
         logits = medusa_head.apply(self.params, state["hidden"], self.num_layers, head)  # [B,K,V]
-        top = jax.lax.top_k(logits, min(t.num_ranks, logits.shape[-1]))[1]  # [B, K, R]
+        top = vocab.target_ids(self.params, jax.lax.top_k(logits, min(t.num_ranks, logits.shape[-1]))[1])
         rank_c = np.minimum(t.rank, top.shape[-1] - 1)
         drafted = top[:, np.maximum(t.depth[1:] - 1, 0), rank_c[1:]]  # [B, N-1]
         tokens = jnp.concatenate([ctx.root[:, None], drafted.astype(jnp.int32)], axis=1)
@@ -79,12 +82,15 @@ class Medusa(Drafter):
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    def save(self, folder) -> None:
-        """Write the specjax format: head.json + head.safetensors."""
+    def save(self, folder, target: Model | None = None) -> None:
+        """Write the specjax format: head.json + head.safetensors (with `target`, the shape of
+        the target it drafts for, by which the named drafter finds a shipped head)."""
         k, e = self.params["b1"].shape
         v = self.params["w2"].shape[2] if "w2" in self.params else None
         meta = {"num_heads": k, "hidden_size": e, "vocab_size": v, "num_layers": self.num_layers,
                 "tree_size": self.tree_size, "accuracy": self.accuracy}
+        if target is not None:
+            meta["target"] = ckpt.target_signature(target.config)
         ckpt.save_head(folder, "medusa", self.params, meta)
 
     @classmethod

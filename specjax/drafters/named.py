@@ -41,11 +41,15 @@ def _draft(mode: str, **settings) -> Callable[[Model], Drafter]:
     return make
 
 
-def _shipped_eagle(target: Model) -> Eagle:
-    """The EAGLE head shipped for this target: tiny's (an 8-node tree for the CPU) or SmolLM2's
-    EAGLE-3 (its 4-node tree stored with it, chosen by benchmarks/eagle_tree_choice.py)."""
-    name = ckpt.shipped_target(target.config, "eagle")
-    return Eagle.load(name, target=target, **(dict(top_k=4, depth=4, total_tokens=8) if name == "tiny" else {}))
+def _shipped(cls, kind: str, **tiny_settings) -> Callable[[Model], Drafter]:
+    """The `kind` head shipped for the target: tiny's (with `tiny_settings`: 8-node trees for the
+    CPU) or SmolLM2's (the tree settings stored with it, chosen against AR on held-out prompts)."""
+    def make(target: Model) -> Drafter:
+        name = ckpt.shipped_target(target.config, kind)
+        drafter = cls.load(name, **(tiny_settings if name == "tiny" else {}))
+        drafter.check(target)
+        return drafter
+    return make
 
 
 NAMED: dict[str, Callable[[Model], Drafter | None]] = {
@@ -65,9 +69,9 @@ NAMED: dict[str, Callable[[Model], Drafter | None]] = {
                                         fallback=TokenRecycling(template=(-1, 0, 0, 1))),
     "rasd": lambda target: RASD(TokenRecycling(template=(-1, 0, 0, 0, 1, 1, 2, 4)), SAM(), budget=8),
     "aded": lambda target: ADED(tree_nodes=8, depth=5),
-    "medusa": lambda target: Medusa.load("tiny", tree_size=8),
-    "eagle": lambda target: _shipped_eagle(target),
-    "clover": lambda target: Clover.load("tiny", target=target, tree_size=8),
+    "medusa": _shipped(Medusa, "medusa", tree_size=8),
+    "eagle": _shipped(Eagle, "eagle", top_k=4, depth=4, total_tokens=8),
+    "clover": _shipped(Clover, "clover", tree_size=8),
     "ppd": lambda target: PPD.load("tiny", tree_size=8, guess_budget=8),
     "hidden-transfer": lambda target: HiddenTransfer.load("tiny", tree_size=8, guess_budget=8),
     "swift": lambda target: Swift(depth=6),

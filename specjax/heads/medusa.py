@@ -6,13 +6,15 @@
 Head k (0-indexed) predicts token t+2+k; the target's own LM head predicts t+1.
 Params: {"w1": [K, E, E], "b1": [K, E], "w2": [K, E, V]} (matrices stored [in, out]). Without
 "w2" every head reads the target's own LM head (Medusa's legacy variant), which keeps a head
-checkpoint to K (E^2 + E) numbers.
+checkpoint to K (E^2 + E) numbers; with "d2t" it drafts over a reduced vocabulary (`vocab`).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from specjax.heads import vocab
 
 
 def init(key: jax.Array, num_heads: int, hidden_size: int, vocab_size: int,
@@ -41,11 +43,11 @@ def features(params: dict, hidden: jax.Array, num_layers: int = 1) -> jax.Array:
 
 
 def apply(params: dict, hidden: jax.Array, num_layers: int = 1, lm_head: jax.Array | None = None) -> jax.Array:
-    """hidden [..., E] (the target's final normed hidden) -> float32 logits [..., K, V].
-    `lm_head` [E, V] (the target's) serves heads without their own "w2"."""
+    """hidden [..., E] (the target's final normed hidden) -> float32 logits [..., K, V] (V: the
+    draft vocabulary, `vocab`). `lm_head` [E, V] (the target's) serves heads without their own "w2"."""
     x = features(params, hidden, num_layers)
     if "w2" not in params:
-        return jnp.einsum("...ke,ev->...kv", x, lm_head.astype(jnp.float32))
+        return jnp.einsum("...ke,ev->...kv", x, vocab.lm_head(params, lm_head).astype(jnp.float32))
     return jnp.einsum("...ke,kev->...kv", x, params["w2"].astype(jnp.float32))
 
 

@@ -105,18 +105,25 @@ class _StopFlag:
             signal.signal(s, h)
 
 
+FEATURE_OBJECTIVES = ("eagle3", "medusa1", "clover")  # those that can train from a feature cache
+
+
 def data_source(config: Config):
     """(sampler, held-out windows): token windows of the corpus, or feature windows of the
-    cache [data] features names (eagle3), each a batch dict (`sampler.next(batch_size)`)."""
+    cache [data] features names (`FEATURE_OBJECTIVES`), each a batch dict (`sampler.next(batch_size)`)."""
     dc, tc = config.data, config.train
     length, count = dc.seq_len + 1, tc.eval_batches * tc.batch_size
     if dc.features:
-        if tc.objective != "eagle3":
-            raise ValueError(f"[data] features is for the eagle3 objective, not {tc.objective!r}")
+        if tc.objective not in FEATURE_OBJECTIVES:
+            raise ValueError(f"[data] features is for the {', '.join(FEATURE_OBJECTIVES)} objectives, "
+                             f"not {tc.objective!r}")
         from specjax.heads.eagle import EagleConfig
         from specjax.train.feature_windows import FeatureWindows
 
-        layers = EagleConfig.for_target(config.model, 3, config.heads.target_layers or None).target_layers
+        if tc.objective == "eagle3":
+            layers = EagleConfig.for_target(config.model, 3, config.heads.target_layers or None).target_layers
+        else:  # Medusa and Clover read the last layer
+            layers = (config.model.num_layers - 1,)
         sampler = FeatureWindows(dc.features, layers, length, tc.seed)
         return sampler, sampler.held_out(count)
     if not (Path(dc.tokenizer) / "tokenizer.json").is_file():

@@ -22,7 +22,6 @@ class would only learn mass the drafter cannot use."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +29,8 @@ import numpy as np
 
 from specjax.heads import eagle as eagle_head
 from specjax.models import Model, forward, lm_head_weight
+from specjax.train import draft_vocab
 from specjax.train.objectives.base import Objective
-from specjax.train.draft_vocab import draft_vocabulary
 from specjax.train.objectives.scoring import distill, greedy_rank_metrics, rank_metrics, sparse_distill
 
 
@@ -68,18 +67,6 @@ def head_config(s: EagleSettings, version: int, target: Model) -> eagle_head.Eag
     return dataclasses.replace(cfg, draft_vocab_size=s.draft_vocab_size or None)
 
 
-def draft_vocab(s: EagleSettings) -> np.ndarray | None:
-    """d2t of a reduced draft vocabulary (None: the target's)."""
-    if not s.draft_vocab_size:
-        return None
-    if not s.token_counts:
-        raise ValueError("[heads] draft_vocab_size needs token_counts (a feature cache's counts.npy)")
-    if not Path(s.token_counts).is_file():
-        raise FileNotFoundError(f"[heads] token_counts: no file {s.token_counts} (a feature cache's counts.npy, "
-                                f"written by `python -m specjax.train distill`)")
-    return draft_vocabulary(np.load(s.token_counts), s.draft_vocab_size)
-
-
 def target_pass(cfg: eagle_head.EagleConfig, target: Model, tokens: jax.Array) -> dict:
     """The frozen target over the windows' inputs tokens[:, :-1] ([B, T]): "features" [B, T, F]
     (EAGLE-1: the final normed hidden, F = E; EAGLE-3: the three tapped layers' outputs side by
@@ -94,27 +81,48 @@ def shifted(x: jax.Array, steps: int, t: int) -> list:
     return [x[:, 1 + i: 1 + i + t] for i in range(steps)]
 
 
+def step_targets(seen: dict, d2t: np.ndarray | None, n: int, t: int, vocab_size: int) -> list:
+    """Per draft step i < n at positions 0..t-1, what the loss compares the draft with: (target
+    logits,) restricted to the draft vocabulary d2t, or, from a feature cache ("topk_ids" in
+    `seen`), (top-k draft ids (-1: outside it), probabilities, loss mask)."""
+    if "topk_ids" not in seen:
+        logits = seen["target_logits"] if d2t is None else seen["target_logits"][..., d2t]
+        return [(x,) for x in shifted(logits, n, t)]
+    ids = seen["topk_ids"].astype(jnp.int32)
+    if d2t is not None:
+        ids = jnp.asarray(draft_vocab.target_to_draft(d2t, vocab_size))[ids]
+    mask = seen.get("loss_mask", jnp.ones(ids.shape[:2], bool))
+    return list(zip(*(shifted(x, n, t) for x in (ids, seen["topk_probs"], mask))))
+
+
+def step_loss(draft: list, want: list, decay: float, features=(), feature_weight: float = 0.0,
+              ce_weight: float = 1.0) -> tuple[jax.Array, dict]:
+    """The distillation loss of draft logits per step against `step_targets` (dense or sparse),
+    metrics named step{i}_..."""
+    if len(want[0]) > 1:
+        return sparse_distill([(d, *w) for d, w in zip(draft, want)], decay, "step", features=features,
+                              feature_weight=feature_weight, ce_weight=ce_weight)
+    return distill([(d, w[0]) for d, w in zip(draft, want)], decay, "step", features=features,
+                   feature_weight=feature_weight, ce_weight=ce_weight)
+
+
+def step_metrics(draft: list, want: list) -> dict:
+    """Held-out per-rank accuracies against the target's greedy token (over the answer positions
+    of a feature cache)."""
+    if len(want[0]) > 1:
+        return rank_metrics([(d, w[0][..., 0]) for d, w in zip(draft, want)], [w[2] for w in want])
+    return greedy_rank_metrics([(d, w[0]) for d, w in zip(draft, want)])
+
+
 def _eagle(s: EagleSettings, version: int) -> Objective:
     if s.ttt_steps < 1:
         raise ValueError(f"ttt_steps must be >= 1, got {s.ttt_steps}")
     if s.draft_vocab_size and version == 1:
         raise ValueError("draft_vocab_size is for eagle3 (EAGLE-1 drafts with the target's LM head)")
-    d2t = draft_vocab(s)
+    d2t = draft_vocab.from_settings(s)
 
     def init(key, target):
         return eagle_head.init(head_config(s, version, target), key, target.params, d2t=d2t)
-
-    def targets(seen, n, t, vocab_size):
-        """Per step, what the loss compares the draft with: (target logits,) restricted to the
-        draft vocabulary, or (top-k draft ids, probabilities, loss mask) from the cache."""
-        if "topk_ids" not in seen:
-            logits = seen["target_logits"] if d2t is None else seen["target_logits"][..., d2t]
-            return [(x,) for x in shifted(logits, n, t)]
-        ids = seen["topk_ids"].astype(jnp.int32)
-        if d2t is not None:
-            ids = jnp.full(vocab_size, -1, jnp.int32).at[d2t].set(jnp.arange(len(d2t)))[ids]
-        mask = seen.get("loss_mask", jnp.ones(ids.shape[:2], bool))
-        return list(zip(*(shifted(x, n, t) for x in (ids, seen["topk_probs"], mask))))
 
     def run(params, batch, key, target):
         """(head outputs, draft logits, targets (see `targets`), target features), each a list
@@ -130,24 +138,17 @@ def _eagle(s: EagleSettings, version: int) -> Objective:
         hs = eagle_head.unroll(cfg, params, emb, feat, n)
         head_w = lm_head_weight(target.config, target.params)
         draft = [eagle_head.logits(cfg, params, h, head_w) for h in hs]
-        return hs, draft, targets(seen, n, t, target.config.vocab_size), shifted(seen["features"], n, t)
+        return hs, draft, step_targets(seen, d2t, n, t, target.config.vocab_size), shifted(seen["features"], n, t)
 
     def loss(params, batch, key, target):
         hs, draft, want, feats = run(params, batch, key, target)
-        if len(want[0]) > 1:
-            total, metrics = sparse_distill([(d, *w) for d, w in zip(draft, want)], s.decay, "step")
-        else:
-            total, metrics = distill([(d, w[0]) for d, w in zip(draft, want)], s.decay, "step",
-                                     features=list(zip(hs, feats)) if version == 1 else (),
-                                     feature_weight=s.feature_weight,
-                                     ce_weight=s.ce_weight if version == 1 else 1.0)
+        total, metrics = step_loss(draft, want, s.decay, features=list(zip(hs, feats)) if version == 1 else (),
+                                   feature_weight=s.feature_weight, ce_weight=s.ce_weight if version == 1 else 1.0)
         return total, {**metrics, "loss": total}
 
     def evaluate(params, batch, target):
         _, draft, want, _ = run(params, batch, None, target)
-        if len(want[0]) > 1:  # against the greedy token, over the answer positions
-            return rank_metrics([(d, w[0][..., 0]) for d, w in zip(draft, want)], [w[2] for w in want])
-        return greedy_rank_metrics([(d, w[0]) for d, w in zip(draft, want)])
+        return step_metrics(draft, want)
 
     def export(params, out_dir, target, held_out):
         from specjax.drafters.eagle import Eagle

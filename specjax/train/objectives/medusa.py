@@ -5,7 +5,10 @@
   is `lr_multiplier` times the target's (by reparametrisation: the heads are stored divided by
   the multiplier, and Adam's step is scale-free).
 
-Held-out accuracies are against the text's tokens (as trained)."""
+medusa1 also trains from a feature cache (`[data] features`: the target's last layer, normed
+here, so the target never runs) over the answer positions, and with `draft_vocab_size` over a
+reduced draft vocabulary (FR-Spec; labels outside it are left out of the loss and count as
+misses in the held-out accuracies). Held-out accuracies are against the text's tokens (as trained)."""
 
 from __future__ import annotations
 
@@ -13,12 +16,15 @@ import dataclasses
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.heads import medusa as medusa_head
 from specjax.models import Model, forward, lm_head_weight
+from specjax.models.llama import norm
+from specjax.train import draft_vocab
 from specjax.train.objectives.base import Objective
-from specjax.train.objectives.scoring import accuracy_table, hard_ce, rank_metrics, top1
+from specjax.train.objectives.scoring import accuracy_table, hard_ce, masked_mean, rank_metrics, top1_hits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +39,8 @@ class MedusaSettings:
     heads_coefficient: float = 0.2  # medusa2: weight of the head losses next to the LM loss
     lr_multiplier: float = 4.0  # medusa2: the heads' learning-rate multiplier
     tree_size: int = 16  # the exported drafter's tree size
+    draft_vocab_size: int = 0  # medusa1: the heads' draft vocabulary (0: the target's)
+    token_counts: str = ""  # counts.npy whose most frequent ids make that vocabulary
 
 
 def medusa1(settings: MedusaSettings) -> Objective:
@@ -44,6 +52,11 @@ def medusa2(settings: MedusaSettings) -> Objective:
 
 
 def _medusa(s: MedusaSettings, joint: bool) -> Objective:
+    if joint and s.draft_vocab_size:
+        raise ValueError("draft_vocab_size is for medusa1 (medusa2 tunes the target's own LM head)")
+    d2t = draft_vocab.from_settings(s)
+    vocab = {} if d2t is None else {"d2t": d2t}  # what the heads draft over (`specjax.heads.vocab`)
+
     def init(key, target):
         c = target.config
         params = medusa_head.init(key, s.num_heads, c.hidden_size, c.vocab_size,
@@ -58,29 +71,47 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
             return params["target"], jax.tree.map(lambda x: x * s.lr_multiplier, params["heads"])
         return target.params, params
 
-    def head_logits(params, tokens, target):
+    def head_logits(params, batch, target):
+        """(target output or None, head logits [B,T,K,Vd]): from the cached last layer when the
+        batch carries it, else from the target's forward over tokens[:, :-1]."""
         tp, hp = split(params, target)
-        out = forward(target.config, tp, tokens[:, :-1], compute_logits=joint)
-        hidden = out.hidden if joint else jax.lax.stop_gradient(out.hidden)
-        return out, medusa_head.apply(hp, hidden, s.num_layers, lm_head_weight(target.config, tp))  # [B,T,K,V]
+        if "features" in batch:
+            out, hidden = None, norm(target.config, batch["features"].astype(jnp.float32), tp["norm"])
+        else:
+            out = forward(target.config, tp, batch["tokens"][:, :-1], compute_logits=joint)
+            hidden = out.hidden if joint else jax.lax.stop_gradient(out.hidden)
+        return out, medusa_head.apply({**hp, **vocab}, hidden, s.num_layers, lm_head_weight(target.config, tp))
+
+    def labelled(logits, batch, target):
+        """Per head: (logits, labels in the draft vocabulary (-1: outside it), the positions
+        scored: answer positions whose label is in the window; None: all)."""
+        tokens, mask = batch["tokens"], batch.get("loss_mask")
+        t2d = None if d2t is None else jnp.asarray(draft_vocab.target_to_draft(d2t, target.config.vocab_size))
+        out = []
+        for k, (lg, lab) in enumerate(per_head(logits, tokens)):
+            m = None if mask is None else mask[:, : lab.shape[1]] & mask[:, 1 + k:]  # p+1 and p+2+k < end
+            out.append((lg, lab if t2d is None else t2d[lab], m))
+        return out
 
     def loss(params, batch, key, target):
-        tokens = batch["tokens"]
-        out, logits = head_logits(params, tokens, target)
+        out, logits = head_logits(params, batch, target)
         metrics, total = {}, 0.0
-        for k, (lg, lab) in enumerate(per_head(logits, tokens)):
-            ce = hard_ce(lg, lab)
+        for k, (lg, lab, mask) in enumerate(labelled(logits, batch, target)):
+            kept = lab >= 0 if mask is None else mask & (lab >= 0)
+            ce = hard_ce(lg, jnp.maximum(lab, 0), kept)
             total = total + (s.heads_coefficient * s.decay ** (k + 1) if joint else s.decay ** k) * ce
             metrics[f"head{k}_loss"] = ce
-            metrics[f"head{k}_top1"] = top1(lg, lab)
+            metrics[f"head{k}_top1"] = masked_mean(top1_hits(lg, lab), mask)
         if joint:
-            metrics["lm_loss"] = hard_ce(out.logits, tokens[:, 1:])
+            metrics["lm_loss"] = hard_ce(out.logits, batch["tokens"][:, 1:])
             total = total + metrics["lm_loss"]
         metrics["loss"] = total
         return total, metrics
 
     def evaluate(params, batch, target):
-        return rank_metrics(per_head(head_logits(params, batch["tokens"], target)[1], batch["tokens"]))
+        heads = labelled(head_logits(params, batch, target)[1], batch, target)
+        masks = None if heads[0][2] is None else [m for *_, m in heads]
+        return rank_metrics([(lg, lab) for lg, lab, _ in heads], masks)
 
     def export(params, out_dir, target, held_out):
         """Heads (and, for medusa2, the tuned target under target/) with the per-rank held-out
@@ -88,8 +119,8 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
         from specjax.drafters.medusa import Medusa
 
         tp, hp = split(params, target)
-        Medusa(jax.tree.map(np.asarray, hp), num_layers=s.num_layers, tree_size=s.tree_size,
-               accuracy=accuracy_table(held_out())).save(out_dir)
+        Medusa(jax.tree.map(np.asarray, {**hp, **vocab}), num_layers=s.num_layers, tree_size=s.tree_size,
+               accuracy=accuracy_table(held_out())).save(out_dir, target)
         if joint:
             import specjax
 

@@ -17,10 +17,10 @@ def next_token_loss(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, j
     return nll.mean(), acc.mean()
 
 
-def hard_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean over positions of -log q(label)."""
+def hard_ce(logits: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Mean over positions [B, T'] (those `mask` keeps, when given) of -log q(label)."""
     logp = jax.nn.log_softmax(logits, -1)
-    return -jnp.take_along_axis(logp, labels[..., None], -1)[..., 0].mean()
+    return masked_mean(-jnp.take_along_axis(logp, labels[..., None], -1)[..., 0], mask)
 
 
 def soft_ce(target_logits: jax.Array, logits: jax.Array) -> jax.Array:
@@ -105,21 +105,28 @@ def greedy_rank_metrics(pairs) -> dict:
     return rank_metrics([(d, jnp.argmax(tl, -1)) for d, tl in pairs])
 
 
-def sparse_distill(steps, decay: float, name: str) -> tuple[jax.Array, dict]:
+def sparse_distill(steps, decay: float, name: str, features=(), feature_weight: float = 0.0,
+                   ce_weight: float = 1.0) -> tuple[jax.Array, dict]:
     """`distill` toward a sparse target: per draft step i, (draft logits [B,T',Vd], the
     target's top-k ids in the draft vocabulary [B,T',k] (-1: outside it), their probabilities,
     loss mask [B,T']). The target is restricted to the draft vocabulary and renormalised; a
-    position with no mass there is masked. Metrics as `distill`'s (no feature loss), over the
+    position with no mass there is masked. Features and metrics as `distill`'s, over the
     kept positions; _top1 against the target's greedy token (a miss when outside the vocabulary)."""
     total, metrics = 0.0, {}
     for i, (d, ids, probs, mask) in enumerate(steps):
         w = jnp.where(ids >= 0, probs.astype(jnp.float32), 0.0)
         mass = w.sum(-1)
         w = w / jnp.maximum(mass, 1e-9)[..., None]
+        if features:
+            out, feat = features[i]
+            metrics[f"{name}{i}_feature_loss"] = masked_mean(smooth_l1(out - feat).mean(-1), mask)
         mask = mask & (mass > 0)
         logq = jnp.take_along_axis(jax.nn.log_softmax(d, -1), jnp.maximum(ids, 0), -1)
         ce = masked_mean(-(w * logq).sum(-1), mask)
-        total = total + decay ** i * ce
+        step = ce_weight * ce
+        if features:
+            step = feature_weight * metrics[f"{name}{i}_feature_loss"] + step
+        total = total + decay ** i * step
         metrics[f"{name}{i}_ce"] = ce
         metrics[f"{name}{i}_kl"] = ce - masked_mean(-(w * jnp.log(jnp.maximum(w, 1e-30))).sum(-1), mask)
         metrics[f"{name}{i}_top1"] = masked_mean(top1_hits(d, ids[..., 0]), mask)
