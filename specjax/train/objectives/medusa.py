@@ -55,7 +55,7 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
     if joint and s.draft_vocab_size:
         raise ValueError("draft_vocab_size is for medusa1 (medusa2 tunes the target's own LM head)")
     d2t = draft_vocab.from_settings(s)
-    vocab = {} if d2t is None else {"d2t": d2t}  # what the heads draft over (`specjax.heads.vocab`)
+    reduced = {} if d2t is None else {"d2t": d2t}  # what the heads draft over (`specjax.heads.vocab`)
 
     def init(key, target):
         c = target.config
@@ -80,7 +80,7 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
         else:
             out = forward(target.config, tp, batch["tokens"][:, :-1], compute_logits=joint)
             hidden = out.hidden if joint else jax.lax.stop_gradient(out.hidden)
-        return out, medusa_head.apply({**hp, **vocab}, hidden, s.num_layers, lm_head_weight(target.config, tp))
+        return out, medusa_head.apply({**hp, **reduced}, hidden, s.num_layers, lm_head_weight(target.config, tp))
 
     def labelled(logits, batch, target):
         """Per head: (logits, labels in the draft vocabulary (-1: outside it), the positions
@@ -119,7 +119,7 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
         from specjax.drafters.medusa import Medusa
 
         tp, hp = split(params, target)
-        Medusa(jax.tree.map(np.asarray, {**hp, **vocab}), num_layers=s.num_layers, tree_size=s.tree_size,
+        Medusa(jax.tree.map(np.asarray, {**hp, **reduced}), num_layers=s.num_layers, tree_size=s.tree_size,
                accuracy=accuracy_table(held_out())).save(out_dir, target)
         if joint:
             import specjax
