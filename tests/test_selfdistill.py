@@ -233,8 +233,9 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
     from specjax.train.loop import data_source
     from specjax.train.objectives import make_objective
 
-    with pytest.raises(ValueError, match="features is for the eagle3, medusa1, clover objectives, not 'eagle'"):
-        data_source(from_dict({**raw, "train": {**raw["train"], "objective": "eagle"}, "heads": {"target": "tiny"}}))
+    eagle1 = from_dict({**raw, "train": {**raw["train"], "objective": "eagle"}, "heads": {"target": "tiny"}})
+    with pytest.raises(ValueError, match=r"the eagle objective trains on token windows, not on a feature cache"):
+        data_source(eagle1, make_objective(eagle1))
     with pytest.raises(ValueError, match="draft_vocab_size needs token_counts"):
         make_objective(from_dict({**raw, "heads": {**raw["heads"], "token_counts": ""}}))
     with pytest.raises(ValueError, match="caches layers"):

@@ -41,7 +41,7 @@ def export(config: Config, out_dir: str | Path) -> int:
     objective = make_objective(config)
 
     def measured() -> dict:
-        _, val = data_source(config)
+        _, val = data_source(config, objective)
         return held_out(score_function(objective, config.train.seed), params, val, config.train.batch_size, target)
 
     objective.export(params, out, target, measured)

@@ -105,26 +105,19 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-FEATURE_OBJECTIVES = ("eagle3", "medusa1", "clover")  # those that can train from a feature cache
-
-
-def data_source(config: Config):
+def data_source(config: Config, objective: Objective):
     """(sampler, held-out windows): token windows of the corpus, or feature windows of the
-    cache [data] features names (`FEATURE_OBJECTIVES`), each a batch dict (`sampler.next(batch_size)`)."""
+    cache [data] features names (the layers `objective.feature_layers` reads), each a batch
+    dict (`sampler.next(batch_size)`)."""
     dc, tc = config.data, config.train
     length, count = dc.seq_len + 1, tc.eval_batches * tc.batch_size
     if dc.features:
-        if tc.objective not in FEATURE_OBJECTIVES:
-            raise ValueError(f"[data] features is for the {', '.join(FEATURE_OBJECTIVES)} objectives, "
-                             f"not {tc.objective!r}")
-        from specjax.heads.eagle import EagleConfig
+        if objective.feature_layers is None:
+            raise ValueError(f"the {tc.objective} objective trains on token windows, not on a feature "
+                             f"cache ([data] features)")
         from specjax.train.feature_windows import FeatureWindows
 
-        if tc.objective == "eagle3":
-            layers = EagleConfig.for_target(config.model, 3, config.heads.target_layers or None).target_layers
-        else:  # Medusa and Clover read the last layer
-            layers = (config.model.num_layers - 1,)
-        sampler = FeatureWindows(dc.features, layers, length, tc.seed)
+        sampler = FeatureWindows(dc.features, objective.feature_layers(config.model), length, tc.seed)
         return sampler, sampler.held_out(count)
     if not (Path(dc.tokenizer) / "tokenizer.json").is_file():
         print(f"no tokenizer in {dc.tokenizer}: training one on the {dc.corpus} corpus", flush=True)
@@ -158,7 +151,7 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
     out = Path(tc.out)
     out.mkdir(parents=True, exist_ok=True)
     objective, target = make_objective(config), load_target(config)
-    sampler, val = data_source(config)
+    sampler, val = data_source(config, objective)
 
     mesh = sharding.make_mesh(tc.mesh) if tc.mesh else None
     if mesh is not None and tc.batch_size % mesh.shape[sharding.DATA]:

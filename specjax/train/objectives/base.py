@@ -17,6 +17,9 @@ class Objective(NamedTuple):
       averaged over the held-out windows by the loop.
     export(params, out_dir, target, held_out): write what was trained; `held_out()` gives the
       held-out metrics (for the heads whose sparse tree is built from measured accuracies).
+    feature_layers(target_config) -> layer indices: the target layers the objective reads from a
+      feature cache (`[data] features`; their outputs come as batch["features"]); None for an
+      objective that only trains on token windows.
 
     `target` is the frozen target Model (None for `lm`): an argument, not a closure, so the loop
     loads it once, lays it out over the mesh, and jit never embeds its weights as constants.
@@ -26,6 +29,12 @@ class Objective(NamedTuple):
     loss: Callable[..., tuple]
     evaluate: Callable[..., dict]
     export: Callable[..., None]
+    feature_layers: Callable[..., tuple[int, ...]] | None = None
+
+
+def last_layer(target_config) -> tuple[int, ...]:
+    """`feature_layers` of the heads on the target's last hidden state (Medusa, Clover)."""
+    return (target_config.num_layers - 1,)
 
 
 def no_metrics(params, batch, target=None) -> dict:

@@ -24,7 +24,7 @@ from specjax.heads import vocab
 from specjax.models import Model, forward, lm_head_weight
 from specjax.models.llama import norm
 from specjax.train import draft_vocab
-from specjax.train.objectives.base import Objective
+from specjax.train.objectives.base import Objective, last_layer
 from specjax.train.objectives.eagle import shifted, step_loss, step_metrics, step_targets
 from specjax.train.objectives.scoring import accuracy_table
 
@@ -91,4 +91,4 @@ def clover(s: CloverSettings) -> Objective:
         Clover(jax.tree.map(np.asarray, {**params, **reduced}), head_config(target), tree_size=s.tree_size,
                accuracy=accuracy_table(held_out())).save(out_dir, target)
 
-    return Objective(init, loss, evaluate, export)
+    return Objective(init, loss, evaluate, export, last_layer)

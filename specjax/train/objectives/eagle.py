@@ -157,4 +157,7 @@ def _eagle(s: EagleSettings, version: int) -> Objective:
         Eagle(params if d2t is None else {**params, "d2t": d2t}, head_config(s, version, target), top_k=s.top_k,
               depth=s.depth, total_tokens=s.total_tokens).save(out_dir, target)
 
-    return Objective(init, loss, evaluate, export)
+    def feature_layers(target_config):
+        return eagle_head.EagleConfig.for_target(target_config, 3, s.target_layers or None).target_layers
+
+    return Objective(init, loss, evaluate, export, feature_layers if version == 3 else None)

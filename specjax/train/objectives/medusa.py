@@ -23,7 +23,7 @@ from specjax.heads import medusa as medusa_head
 from specjax.models import Model, forward, lm_head_weight
 from specjax.models.llama import norm
 from specjax.train import draft_vocab
-from specjax.train.objectives.base import Objective
+from specjax.train.objectives.base import Objective, last_layer
 from specjax.train.objectives.scoring import accuracy_table, hard_ce, masked_mean, rank_metrics, top1_hits
 
 
@@ -126,7 +126,7 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
 
             specjax.save(Model(tp, target.config), str(Path(out_dir) / "target"), format="hf")
 
-    return Objective(init, loss, evaluate, export)
+    return Objective(init, loss, evaluate, export, None if joint else last_layer)
 
 
 def per_head(logits, tokens):
