@@ -74,7 +74,7 @@ def main():
     print("|---|---|---|---|---|---|---|")
     head = named_drafter("eagle", model)
     for tree in ("topk", "dyspec"):
-        drafter = dataclasses.replace(head, tree=tree)
+        drafter = dataclasses.replace(head, tree=tree, min_prob=head.min_prob if tree == "topk" else 0.0)
         start = time.perf_counter()
         counts = sampled_pairs(model, prompt, drafter, params, cells, batch=args.batch, calls=draws // args.batch)
         seconds = time.perf_counter() - start

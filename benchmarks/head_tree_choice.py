@@ -18,11 +18,12 @@ from specjax.bench.prompts import prompt_ids
 from specjax.drafters import Clover, Eagle, Medusa
 from specjax.train.prompts import build_prompts
 
-# (top_k, depth, total_tokens, min_prob, verify_sizes): 4 and 8 nodes cost 1.50x and 1.81x an AR
-# step here, 12 and 16 2.18x and 2.69x (benchmarks/cpu-smollm2/forward-cost.md); with min_prob the tree keeps the
-# nodes the head is sure of and the target verifies the smallest size that holds them.
-EAGLE_TREES = [(2, 3, 4, 0.0, ()), (4, 3, 8, 0.0, ()), (4, 5, 8, 0.0, ()), (4, 5, 8, 0.1, (1, 4)),
-               (6, 5, 12, 0.1, (1, 4, 8)), (6, 6, 16, 0.05, (4, 8, 12))]
+# (top_k, depth, total_tokens, min_prob, verify_sizes): 2, 4 and 8 nodes cost 1.30x, 1.50x and 1.81x
+# an AR step here, 12 and 16 2.18x and 2.69x (benchmarks/cpu-smollm2/forward-cost.md); with min_prob the tree
+# keeps the nodes the head is sure of and the target verifies the smallest size that holds them (1: an AR step).
+EAGLE_TREES = [(2, 3, 4, 0.0, ()), (2, 3, 4, 0.1, (1, 2)), (2, 3, 4, 0.2, (1, 2)), (2, 3, 4, 0.3, (1, 2)),
+               (2, 3, 4, 0.2, (1,)), (4, 3, 8, 0.0, ()), (4, 5, 8, 0.0, ()), (4, 5, 8, 0.1, (1, 4)),
+               (4, 3, 8, 0.2, (1, 2, 4)), (6, 5, 12, 0.1, (1, 4, 8)), (6, 6, 16, 0.05, (4, 8, 12))]
 SPARSE_TREE_SIZES = (3, 4, 6, 8, 12)  # Medusa's and Clover's trees, built from the held-out accuracies
 
 p = argparse.ArgumentParser()

@@ -69,7 +69,8 @@ def test_shipped_eagle3_head_keeps_greedy_output(tree, smollm2, chats, ar_tokens
     drafting over its reduced vocabulary, EAGLE-2's tree or DySpec's (its 4 nodes grown one a
     round): AR's tokens on the ragged chat batch, drafts accepted."""
     model, _ = smollm2
-    drafter = dataclasses.replace(named_drafter("eagle", model), tree=tree)
+    head = named_drafter("eagle", model)  # DySpec keeps every node: no min_prob
+    drafter = dataclasses.replace(head, tree=tree, min_prob=head.min_prob if tree == "topk" else 0.0)
     assert drafter.config.version == 3 and drafter.config.draft_vocab_size < model.config.vocab_size
     out = sj.generate(model, chats, max_new_tokens=40, drafter=drafter)
     np.testing.assert_array_equal(out.tokens, ar_tokens)

@@ -13,19 +13,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 OUT=specjax/assets/smollm2-eagle
-TREE=${TREE:-"2 3 4"}  # top_k depth total_tokens
+TREE=${TREE:-"2 3 4 0.1 1,2"}  # top_k depth total_tokens min_prob verify_sizes (comma-separated)
 
 $PY -m specjax.train distill --model smollm2 --out runs/smollm2-distill --num-prompts 1500
 $PY -m specjax.train --config configs/smollm2-eagle3.toml
 $PY -m specjax.train --config configs/smollm2-eagle3.toml --export "$OUT"
-read -r K D N <<< "$TREE"
-$PY - "$OUT" "$K" "$D" "$N" <<'PY'
+read -r K D N P SIZES <<< "$TREE"
+$PY - "$OUT" "$K" "$D" "$N" "$P" "$SIZES" <<'PY'
 import json, sys
 from pathlib import Path
 from specjax.convert.heads import cast_head
-out, k, d, n = Path(sys.argv[1]), *map(int, sys.argv[2:])
+out, (k, d, n), p, sizes = Path(sys.argv[1]), map(int, sys.argv[2:5]), float(sys.argv[5]), sys.argv[6]
+tree = {"top_k": k, "depth": d, "total_tokens": n, "min_prob": p, "verify_sizes": [int(x) for x in sizes.split(",")]}
 meta = json.loads((out / "head.json").read_text())
-(out / "head.json").write_text(json.dumps({**meta, "top_k": k, "depth": d, "total_tokens": n}, indent=2) + "\n")
+(out / "head.json").write_text(json.dumps({**meta, **tree}, indent=2) + "\n")
 cast_head(out, "bfloat16")
 PY
 cp runs/smollm2-eagle3/curve.png train/smollm2-eagle3_curve.png
