@@ -13,7 +13,6 @@ draws).
     python benchmarks/eagle_sampled_law.py [--draws N] [--batch 256] [--alpha 1e-3]
 """
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import specjax as sj  # noqa: E402
-from specjax.drafters.named import named_drafter  # noqa: E402
+from specjax.convert.heads import shipped_target  # noqa: E402
+from specjax.drafters import Eagle  # noqa: E402
 from specjax.sampling import SamplingParams  # noqa: E402
 from tests.exactness import chi_square_pvalue, sampled_pairs, top_k_first_two_law  # noqa: E402
 
@@ -72,9 +72,8 @@ def main():
           f"drawing {draws}\n")
     print("| tree | verifier | draws | p-value vs exact law | p-value vs 3%-wrong law | verdict | seconds |")
     print("|---|---|---|---|---|---|---|")
-    head = named_drafter("eagle", model)
     for tree in ("topk", "dyspec"):
-        drafter = dataclasses.replace(head, tree=tree, min_prob=head.min_prob if tree == "topk" else 0.0)
+        drafter = Eagle.load(shipped_target(model.config, "eagle"), target=model, tree=tree)
         start = time.perf_counter()
         counts = sampled_pairs(model, prompt, drafter, params, cells, batch=args.batch, calls=draws // args.batch)
         seconds = time.perf_counter() - start

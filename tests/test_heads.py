@@ -270,6 +270,20 @@ def test_eagle_bad_tree_settings_fail_clearly(target):
     assert d.widths == (3, 2, 2) and d.num_nodes == 8 and d.max_depth == 3
 
 
+def test_a_gated_head_loads_as_dyspec(target, tmp_path):
+    """A head saved with a confidence-gated top-k tree (min_prob > 0, as SmolLM2's ships) loads
+    with tree="dyspec": the stored gate does not carry over to DySpec, which keeps every node; a
+    min_prob the caller passes with it is still refused."""
+    cfg = eh.EagleConfig.for_target(target.config, 1)
+    Eagle(eh.init(cfg, jax.random.key(0), target.params), cfg, top_k=2, depth=3, total_tokens=4,
+          min_prob=0.1, verify_sizes=(1, 2)).save(tmp_path)
+    assert Eagle.load(tmp_path).min_prob == 0.1
+    d = Eagle.load(tmp_path, tree="dyspec")
+    assert d.tree == "dyspec" and d.min_prob == 0.0 and d.verify_sizes == (1, 2)
+    with pytest.raises(ValueError, match="tree='dyspec' needs min_prob=0"):
+        Eagle.load(tmp_path, tree="dyspec", min_prob=0.1)
+
+
 # ---- greedy equality in the engine, and the specjax format ---------------------------------------
 
 def reduced_eagle3(target, d2t, key, **settings):

@@ -6,7 +6,6 @@ answers and stops at EOS. Skipped, with the reason, when the wheel is absent."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import numpy as np
 import pytest
 
 import specjax as sj
+from specjax.convert.heads import shipped_target
+from specjax.drafters import Eagle
 from specjax.drafters.named import default_drafter, named_drafter
 from specjax.sampling import SamplingParams
 from tests.exactness import chi_square_pvalue, sampled_pairs, top_k_first_two_law
@@ -65,12 +66,12 @@ def test_self_speculative_drafters_keep_greedy_output(name, smollm2, chats, ar_t
 
 @pytest.mark.parametrize("tree", ["topk", "dyspec"])
 def test_shipped_eagle3_head_keeps_greedy_output(tree, smollm2, chats, ar_tokens):
-    """The EAGLE-3 head shipped for SmolLM2 (the named 'eagle' finds it by the target's shape),
-    drafting over its reduced vocabulary, EAGLE-2's tree or DySpec's (its 4 nodes grown one a
-    round): AR's tokens on the ragged chat batch, drafts accepted."""
+    """The EAGLE-3 head shipped for SmolLM2 (found by the target's shape, as the named 'eagle'
+    finds it), drafting over its reduced vocabulary, its confidence-gated EAGLE-2 tree or DySpec's
+    (its 4 nodes grown one a round; the stored gate does not carry over): AR's tokens on the ragged
+    chat batch, drafts accepted."""
     model, _ = smollm2
-    head = named_drafter("eagle", model)  # DySpec keeps every node: no min_prob
-    drafter = dataclasses.replace(head, tree=tree, min_prob=head.min_prob if tree == "topk" else 0.0)
+    drafter = Eagle.load(shipped_target(model.config, "eagle"), target=model, tree=tree)
     assert drafter.config.version == 3 and drafter.config.draft_vocab_size < model.config.vocab_size
     out = sj.generate(model, chats, max_new_tokens=40, drafter=drafter)
     np.testing.assert_array_equal(out.tokens, ar_tokens)

@@ -269,6 +269,8 @@ class Eagle(Drafter):
             params, meta = ckpt.read_head(p, "eagle", "EAGLE")
             kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes", "tree")
                   if k in meta}
+            if settings.get("tree", kw.get("tree")) == "dyspec" and "min_prob" not in settings:
+                kw.pop("min_prob", None)  # a stored top-k tree's confidence gate: DySpec keeps every node
             d = cls(params, EagleConfig.from_dict(meta["config"]), **{**kw, **settings})
         else:
             folder = p if p.is_dir() else p.parent
