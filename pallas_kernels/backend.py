@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import jax
 
-IMPLS = ("reference", "gpu", "tpu")
+IMPLS = ("reference", "cpu", "gpu", "tpu")
 
 
 def pick_impl(impl: str | None, interpret) -> str:
-    """`impl` if given; else the kernel for jax's default backend ("gpu" / "tpu"). On other
-    backends (CPU): "reference", unless interpret mode is asked for — `interpret=True` runs
-    the GPU (Triton-style) kernel in HLO interpret mode, a `pltpu.InterpretParams` the TPU
-    kernel in TPU interpret mode. Under a multi-device mesh (`jax.set_mesh`): "reference",
+    """`impl` if given; else the kernel for jax's default backend ("gpu" / "tpu" / "cpu", the
+    last when the CPU kernels built, see pallas_kernels.ffi; else "reference"). On CPU,
+    interpret mode picks a Pallas kernel instead — `interpret=True` runs the GPU (Triton-style)
+    kernel in HLO interpret mode, a `pltpu.InterpretParams` the TPU kernel in TPU interpret mode. Under a multi-device mesh (`jax.set_mesh`): "reference",
     which XLA partitions over the mesh; a kernel is one device's code."""
     if impl is not None:
         if impl not in IMPLS:
@@ -26,4 +26,5 @@ def pick_impl(impl: str | None, interpret) -> str:
         return "gpu"
     if interpret:
         return "tpu"
-    return "reference"
+    from pallas_kernels import ffi  # builds the kernels on first use
+    return "cpu" if backend == "cpu" and ffi.available() else "reference"

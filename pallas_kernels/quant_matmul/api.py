@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 from pallas_kernels.backend import pick_impl
-from pallas_kernels.quant_matmul import gpu, reference, tpu
+from pallas_kernels.quant_matmul import cpu, gpu, reference, tpu
 from pallas_kernels.quant_matmul.weight import QuantizedWeight
 
 
-def quantized_matmul(x, qw: QuantizedWeight, *, act_bits: int | None = None, out_dtype=None,
-                     interpret=False, impl: str | None = None):
+def quantized_matmul(x, qw: QuantizedWeight, *, index=None, act_bits: int | None = None,
+                     out_dtype=None, interpret=False, impl: str | None = None):
     """x [M, K] (bf16 or f32) @ qw [K, N] -> [M, N] in `out_dtype` (default x's dtype),
     accumulated in float32 (int32 per group with act_bits=8: per-row dynamic int8 activations).
+    With `index`, qw is a stack of layers [L, ...] and layer `index` (may be traced) is used:
+    the CPU kernel reads it in place, other implementations slice it first.
 
-    Runs the GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
-    `interpret`), the reference elsewhere or for shapes a kernel does not tile.
+    Runs the CPU, GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
+    `interpret`; the CPU kernel for up to cpu.MAX_ROWS rows, weight-only), the reference
+    elsewhere or for shapes a kernel does not tile.
     """
-    reference.check_inputs(x, qw, act_bits)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     impl = pick_impl(impl, interpret)
+    if impl == "cpu" and cpu.supports(x, qw, act_bits):
+        reference.check_inputs(x, qw if index is None else qw.layer(0), act_bits)
+        return cpu.quantized_matmul(x, qw, index).astype(out_dtype)
+    if index is not None:
+        qw = qw.layer(index)
+    reference.check_inputs(x, qw, act_bits)
     if impl == "gpu" and gpu.supports(qw):
         return gpu.quantized_matmul(x, qw, act_bits=act_bits, out_dtype=out_dtype,
                                     interpret=interpret)

@@ -42,6 +42,12 @@ class QuantizedWeight:
         """Values per byte: 1 (int8) or 2 (int4)."""
         return 8 // self.bits
 
+    def layer(self, index) -> "QuantizedWeight":
+        """Layer `index` (may be traced) of a stack [L, ...] of weights."""
+        take = lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False)
+        return QuantizedWeight(take(self.data), take(self.scales), self.bits, self.group_size,
+                               self.in_features, self.out_features)
+
     @property
     def shape(self) -> tuple[int, ...]:
         """The logical shape [..., K, N] of the weight."""

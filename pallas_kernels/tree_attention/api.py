@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
+import jax
+
 from pallas_kernels.backend import pick_impl
-from pallas_kernels.tree_attention import gpu, reference, tpu
+from pallas_kernels.tree_attention import cpu, gpu, reference, tpu
 
 MAX_KERNEL_NODES = 256  # longer blocks (prefill) are not tree verification: XLA does them well
 
 
-def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
+def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, index=None,
                    q_positions=None, window=None, scale=None, softcap=None, interpret=False,
                    impl: str | None = None):
     """q [B,N,Hq,hd], k/v_cache [B,S,KV,hd], lengths int[B], k/v_tree [B,M,KV,hd],
     tree_mask bool[B,N,M] -> [B,N,Hq,hd] in q's dtype (contract: reference.tree_attention).
     M is N when the queries are the tree's own nodes; a block of M != N entries (a
-    self-drafter's scratch, drafters/self_draft.py) runs the reference.
+    self-drafter's scratch, drafters/self_draft.py) runs the reference on GPU and TPU.
+    With `index`, k/v_cache are the stacks [L,B,S,KV,hd] of every layer and layer `index`
+    (may be traced) is used: the CPU kernel reads it in place, the others slice it first.
 
-    Runs the GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
-    `interpret`); the reference runs on CPU, with a sliding `window`, a `scale` other than
-    1/sqrt(hd) or a `softcap` (Gemma 2/3: the kernels have neither), with an empty cache and
-    for more than MAX_KERNEL_NODES nodes.
+    Runs the CPU, GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
+    `interpret`); the reference runs with a sliding `window`, a `scale` other than
+    1/sqrt(hd) or a `softcap` (Gemma 2/3: the kernels have neither), with an empty cache, for
+    more than MAX_KERNEL_NODES nodes (cpu.MAX_NODES on CPU) and on other backends.
     """
     b, n, hq, hd = q.shape
-    s, kv = k_cache.shape[1], k_cache.shape[2]
+    s, kv = k_cache.shape[-3], k_cache.shape[-2]
     if hq % kv:
         raise ValueError(f"query heads ({hq}) must be a multiple of kv heads ({kv})")
     m = k_tree.shape[1]
@@ -30,8 +34,15 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *,
         raise ValueError(f"k_tree must be {(b, m, kv, hd)} and tree_mask {(b, n, m)}, got "
                          f"{k_tree.shape} and {tree_mask.shape}")
     impl = pick_impl(impl, interpret)
-    fallback = (window is not None or softcap is not None or (scale is not None and scale != hd ** -0.5)
-                or s == 0 or n > MAX_KERNEL_NODES or m != n)
+    custom = window is not None or softcap is not None or (scale is not None and scale != hd ** -0.5)
+    if impl == "cpu" and not custom and s and cpu.supports(q, k_cache):
+        stack = (k_cache, v_cache) if index is not None else (k_cache[None], v_cache[None])
+        return cpu.tree_attention(q, *stack, 0 if index is None else index, lengths, k_tree,
+                                  v_tree, tree_mask).astype(q.dtype)
+    if index is not None:
+        at = lambda c: jax.lax.dynamic_index_in_dim(c, index, keepdims=False)
+        k_cache, v_cache = at(k_cache), at(v_cache)
+    fallback = custom or s == 0 or n > MAX_KERNEL_NODES or m != n
     if impl == "gpu" and not fallback and gpu.supports(q, k_cache):
         return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
                                   interpret=interpret)

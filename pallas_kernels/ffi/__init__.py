@@ -1,0 +1,106 @@
+"""The CPU kernels: C++ through the XLA FFI, compiled once on first use for this host.
+
+`pallas_kernels/<op>/cpu.cc` are compiled together with the system's C++ compiler (`$CXX`, else
+`c++`) with `-march=native` into one shared library in the user cache (`$SPECJAX_CACHE/kernels`,
+else `$XDG_CACHE_HOME/specjax/kernels`, else `~/.cache/specjax/kernels`), keyed by the sources,
+the compiler, jaxlib and the CPU's flags, so each host gets its own vector width (AVX-512, AVX2
+or a portable fallback) and a new source or host builds anew (~10 s, once). The library is
+written under a temporary name and renamed, so a killed build leaves nothing half-written; the
+next build removes what a killed one left.
+
+With no compiler, or `SPECJAX_CPU_KERNELS=0`, one line says so and XLA's code runs instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import jax
+import jaxlib
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted(ROOT.glob("*/cpu.cc"))
+HEADERS = sorted(ROOT.glob("ffi/*.h"))
+TARGETS = ("specjax_matmul", "specjax_quant_matmul", "specjax_tree_attention")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SPECJAX_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specjax"
+    return Path(root) / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def _key(compiler: str) -> str:
+    h = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        h.update(path.name.encode() + path.read_bytes())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    h.update((version + jaxlib.__version__ + _cpu_flags()).encode())
+    return h.hexdigest()[:16]
+
+
+def _clean_stale(folder: Path):
+    """Remove temporary files of builds whose process is gone (killed mid-build)."""
+    for tmp in folder.glob(".build-*.tmp"):
+        pid = tmp.name.split("-")[1].split(".")[0]
+        if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
+            tmp.unlink(missing_ok=True)
+
+
+def build() -> Path:
+    """Compile the kernels for this host into the cache (if not there yet); the library's path."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX or install g++)")
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / f"cpu-{_key(compiler)}.so"
+    if lib.exists():
+        return lib
+    _clean_stale(folder)
+    tmp = folder / f".build-{os.getpid()}.tmp"
+    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno",
+           f"-I{ROOT.parent}", f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"compiling the CPU kernels failed:\n{done.stderr[-2000:]}")
+    os.replace(tmp, lib)
+    return lib
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the CPU kernels are built, loaded and registered with XLA (once per process)."""
+    if os.environ.get("SPECJAX_CPU_KERNELS", "1") == "0":
+        return False
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(build()))
+        for name in TARGETS:
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+    except (RuntimeError, OSError, AttributeError) as e:
+        first = str(e).splitlines()[0]
+        warnings.warn(f"specjax CPU kernels unavailable ({first}); XLA's code runs instead", stacklevel=2)
+        return False
+    return True

@@ -1,0 +1,119 @@
+// Shared by the CPU kernels: the host's vector type (GCC vector extensions, so one source
+// serves AVX-512, AVX2 and a portable 128-bit fallback) and a parallel-for on XLA's own
+// intra-op thread pool, so the kernels never compete with a second pool for the cores.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace specjax_cpu {
+
+#if defined(__AVX512F__)
+constexpr int VL = 16;
+#elif defined(__AVX__)
+constexpr int VL = 8;
+#else
+constexpr int VL = 4;
+#endif
+
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef float vf_u __attribute__((vector_size(VL * 4), aligned(4)));  // unaligned access
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
+typedef int8_t vi8_u __attribute__((vector_size(VL), aligned(1)));
+typedef uint16_t vu16_u __attribute__((vector_size(VL * 2), aligned(2)));
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+
+inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
+inline vf splat(float x) { return vf{} + x; }
+
+// VL bfloat16 values -> float32 (a bfloat16 is the top half of a float32).
+inline vf load_bf16(const uint16_t* p) {
+  vu wide = __builtin_convertvector(*reinterpret_cast<const vu16_u*>(p), vu) << 16;
+  return reinterpret_cast<vf>(wide);
+}
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// VL int8 values, sign-extended to int32.
+inline vi load_i8(const int8_t* p) { return __builtin_convertvector(*reinterpret_cast<const vi8_u*>(p), vi); }
+inline vf to_float(vi v) { return __builtin_convertvector(v, vf); }
+
+inline float hsum(vf v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(v);
+#elif defined(__AVX__)
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+#else
+  float s = 0.f;
+  for (int i = 0; i < VL; ++i) s += v[i];
+  return s;
+#endif
+}
+
+// exp(x) for x <= 0 (softmax weights), relative error ~2e-7; exp(-inf) and very negative x -> 0.
+inline vf exp_nonpositive(vf x) {
+  const vf lo = splat(-87.3f);
+  vi tiny = x < lo;
+  x = x < lo ? lo : x;
+  vf n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f + (x < 0 ? -0.5f : 0.5f), vi), vf);
+  vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf out = p * reinterpret_cast<vf>(bits);
+  return tiny ? vf{} : out;
+}
+
+// Run body(i) for i in [0, n) on the caller and XLA's intra-op threads. Work is claimed from a
+// shared counter, so a pool task that starts late finds nothing to do and the caller never waits
+// for a task that has not started (no deadlock when the pool is busy or has one thread).
+template <typename F>
+void parallel_for(xla::ffi::ThreadPool& pool, int64_t n, F body) {
+  if (n <= 0) return;
+  int64_t workers = std::min<int64_t>(n, std::max<int64_t>(1, pool.num_threads()));
+  if (workers == 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  struct Shared {
+    std::atomic<int64_t> next{0}, done{0};
+  };
+  auto shared = std::make_shared<Shared>();
+  auto* fn = &body;
+  // The caller waits until every claimed item is done, so `fn` outlives each use of it; a task
+  // that starts after the end only touches `shared`, which it co-owns.
+  auto drain = [shared, fn, n]() {
+    for (int64_t i; (i = shared->next.fetch_add(1)) < n;) {
+      (*fn)(i);
+      shared->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 1; t < workers; ++t) pool.Schedule(decltype(drain)(drain));
+  drain();
+  while (shared->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+}
+
+}  // namespace specjax_cpu

@@ -1,0 +1,25 @@
+"""matmul: the CPU kernel for the decode and verify rows, XLA's dot elsewhere."""
+
+from __future__ import annotations
+
+from pallas_kernels.backend import pick_impl
+from pallas_kernels.matmul import cpu, reference
+
+
+def matmul(x, w, *, index=None, transposed=False, impl: str | None = None):
+    """x [M, K] @ W -> float32 [M, N] (contract: reference.matmul; W = w[index] of a stack).
+
+    On CPU (see backend.pick_impl) the kernel runs for up to cpu.MAX_ROWS rows of float32 or
+    bfloat16 weights, reading the layer straight from its stack; XLA's dot runs otherwise and
+    on GPU and TPU, where it is already at the roofline for these shapes.
+    """
+    if pick_impl(impl, False) == "cpu" and cpu.supports(x, w):
+        return cpu.matmul(x, w, index, transposed)
+    return reference.matmul(x, w, index=index, transposed=transposed)
+
+
+def kernel_reads_stack(rows: int) -> bool:
+    """Whether a matmul over `rows` rows runs the CPU kernel on jax's default backend, which
+    reads a layer from its stack: then a caller should pass the stack and the layer index rather
+    than a slice, which XLA would copy out of the stack first."""
+    return pick_impl(None, False) == "cpu" and rows <= cpu.MAX_ROWS

@@ -1,0 +1,160 @@
+// y[M, N] = x[M, K] @ W for the few rows of a decode or verify step, each weight read once for
+// all M rows. W is one layer of a stack, W = w[index], stored [K, N] ("kn", the model's layer
+// weights) or [N, K] ("nk", a tied embedding read as the LM head), in float32 or bfloat16;
+// accumulation is float32. The layer is picked inside the kernel so that XLA never copies a
+// slice of the stack out for it.
+#include "pallas_kernels/ffi/cpu_common.h"
+
+namespace ffi = xla::ffi;
+using namespace specjax_cpu;
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int MR = 6;  // rows held in registers at once (MR * NV accumulators)
+#else
+constexpr int MR = 3;
+#endif
+constexpr int NV = 4;           // vectors of output columns per block
+constexpr int NB = NV * VL;     // output columns per block
+constexpr int NK_COLS = 4;      // "nk": output columns per block
+#ifndef PREFETCH
+#define PREFETCH 24
+#endif
+
+inline vf load_w(const float* p) { return load(p); }
+inline vf load_w(const uint16_t* p) { return load_bf16(p); }
+inline float scalar_w(float w) { return w; }
+inline float scalar_w(uint16_t w) { return bf16_to_float(w); }
+
+// "kn": rows [m0, m0 + R) times the NV-vector column block at n0, over all of K.
+template <int R, typename W>
+void kn_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0) {
+  vf acc[R][NV] = {};
+  const W* wp = w + n0;
+  for (int64_t k = 0; k < K; ++k, wp += N) {
+    for (int line = 0; line < int(NB * sizeof(W)); line += 64)  // the block's row PREFETCH rows ahead
+      __builtin_prefetch(reinterpret_cast<const char*>(wp + PREFETCH * N) + line);
+    vf wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = load_w(wp + v * VL);
+    for (int r = 0; r < R; ++r) {
+      vf xv = splat(x[(m0 + r) * K + k]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += xv * wv[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) store(y + (m0 + r) * N + n0 + v * VL, acc[r][v]);
+}
+
+template <typename W>
+void kn_columns(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) kn_block<MR>(x, w, y, K, N, m, n0);
+  switch (M - m) {  // the last few rows, still from registers
+    case 1: kn_block<1>(x, w, y, K, N, m, n0); break;
+    case 2: kn_block<2>(x, w, y, K, N, m, n0); break;
+#if defined(__AVX512F__)
+    case 3: kn_block<3>(x, w, y, K, N, m, n0); break;
+    case 4: kn_block<4>(x, w, y, K, N, m, n0); break;
+    case 5: kn_block<5>(x, w, y, K, N, m, n0); break;
+#endif
+    default: break;
+  }
+}
+
+template <typename W>
+void kn_tail(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < N; ++n) {
+      float s = 0.f;
+      for (int64_t k = 0; k < K; ++k) s += x[m * K + k] * scalar_w(w[k * N + n]);
+      y[m * N + n] = s;
+    }
+}
+
+// "nk": rows [m0, m0 + R) times the NK_COLS output columns at n0 (contiguous weight rows).
+template <int R, typename W>
+void nk_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0, int cols) {
+  vf acc[R][NK_COLS] = {};
+  const int64_t kv = K / VL * VL;
+  for (int64_t k = 0; k < kv; k += VL) {
+    vf wv[NK_COLS];
+    for (int c = 0; c < NK_COLS; ++c) wv[c] = c < cols ? load_w(w + (n0 + c) * K + k) : vf{};
+    for (int r = 0; r < R; ++r) {
+      vf xv = load(x + (m0 + r) * K + k);
+      for (int c = 0; c < NK_COLS; ++c) acc[r][c] += xv * wv[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float s = hsum(acc[r][c]);
+      for (int64_t k = kv; k < K; ++k) s += x[(m0 + r) * K + k] * scalar_w(w[(n0 + c) * K + k]);
+      y[(m0 + r) * N + n0 + c] = s;
+    }
+}
+
+template <typename W>
+void nk_columns(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0, int cols) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) nk_block<MR>(x, w, y, K, N, m, n0, cols);
+  switch (M - m) {
+    case 1: nk_block<1>(x, w, y, K, N, m, n0, cols); break;
+    case 2: nk_block<2>(x, w, y, K, N, m, n0, cols); break;
+#if defined(__AVX512F__)
+    case 3: nk_block<3>(x, w, y, K, N, m, n0, cols); break;
+    case 4: nk_block<4>(x, w, y, K, N, m, n0, cols); break;
+    case 5: nk_block<5>(x, w, y, K, N, m, n0, cols); break;
+#endif
+    default: break;
+  }
+}
+
+template <typename W>
+void matmul(ffi::ThreadPool& pool, const float* x, const W* w, float* y, int64_t M, int64_t K,
+            int64_t N, bool nk) {
+  if (nk) {
+    const int64_t per_task = 64;  // output columns per task: weight rows of 64 * K contiguous values
+    const int64_t tasks = (N + per_task - 1) / per_task;
+    parallel_for(pool, tasks, [&](int64_t t) {
+      const int64_t end = std::min(N, (t + 1) * per_task);
+      for (int64_t n = t * per_task; n < end; n += NK_COLS)
+        nk_columns(x, w, y, M, K, N, n, int(std::min<int64_t>(NK_COLS, end - n)));
+    });
+    return;
+  }
+  const int64_t blocks = N / NB;
+  parallel_for(pool, blocks, [&](int64_t b) { kn_columns(x, w, y, M, K, N, b * NB); });
+  if (blocks * NB < N) kn_tail(x, w, y, M, K, N, blocks * NB);
+}
+
+ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
+                  ffi::Buffer<ffi::S32> index, ffi::ResultBuffer<ffi::F32> y, bool nk) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 3)
+    return ffi::Error::InvalidArgument("matmul: x must be [M, K] and w [L, K, N] or [L, N, K]");
+  const int64_t M = xd[0], K = xd[1], L = wd[0];
+  const int64_t N = nk ? wd[1] : wd[2];
+  if ((nk ? wd[2] : wd[1]) != K) return ffi::Error::InvalidArgument("matmul: K of x and w differ");
+  const int64_t layer = std::clamp<int64_t>(index.typed_data()[0], 0, L - 1);
+  const int64_t stride = K * N;
+  if (w.element_type() == ffi::F32) {
+    matmul(pool, x.typed_data(), w.typed_data<float>() + layer * stride, y->typed_data(), M, K, N, nk);
+  } else if (w.element_type() == ffi::BF16) {
+    const auto* base = reinterpret_cast<const uint16_t*>(w.untyped_data());
+    matmul(pool, x.typed_data(), base + layer * stride, y->typed_data(), M, K, N, nk);
+  } else {
+    return ffi::Error::InvalidArgument("matmul: weights must be float32 or bfloat16");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_matmul, Matmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<bool>("nk"));
