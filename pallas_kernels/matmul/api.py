@@ -18,8 +18,8 @@ def matmul(x, w, *, index=None, transposed=False, impl: str | None = None):
     return reference.matmul(x, w, index=index, transposed=transposed)
 
 
-def kernel_reads_stack(rows: int) -> bool:
-    """Whether a matmul over `rows` rows runs the CPU kernel on jax's default backend, which
-    reads a layer from its stack: then a caller should pass the stack and the layer index rather
-    than a slice, which XLA would copy out of the stack first."""
+def runs_cpu_kernel(rows: int) -> bool:
+    """Whether a matmul over `rows` rows runs the CPU kernel on jax's default backend. The
+    kernel reads a layer from its stack: a caller should then pass the stack and the layer's
+    index rather than a slice, which XLA would copy out of the stack first."""
     return pick_impl(None, False) == "cpu" and rows <= cpu.MAX_ROWS

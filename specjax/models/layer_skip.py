@@ -21,8 +21,9 @@ import jax.numpy as jnp
 
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.models.llama import (norm, attention_output, attention_qkv, layer_rope_and_windows,
-                                  lm_head, mlp_residual)
+from pallas_kernels.matmul import runs_cpu_kernel
+from specjax.models.llama import (attention_output, attention_qkv, layer_params,
+                                  layer_rope_and_windows, lm_head, mlp_residual, norm)
 
 
 def empty_block(config: ModelConfig, batch: int, slots: int) -> tuple[jax.Array, jax.Array]:
@@ -49,10 +50,11 @@ def skip_forward(config: ModelConfig, params: dict, tokens: jax.Array, cache: KV
         x = x * jnp.asarray(c.hidden_size ** 0.5, x.dtype)
     inv_freqs, windows = layer_rope_and_windows(c)
     layers = params["layers"]
+    in_place = runs_cpu_kernel(b * t)  # the CPU kernels read weights and cache from their stacks
 
     def layer(x, xs):
         i, k_blk, v_blk, attn_on, mlp_on, inv_freq, window = xs
-        lp = lambda: jax.tree.map(lambda w: w[i], layers)  # read inside the branch that runs
+        lp = lambda: layer_params(layers, i, in_place)  # read inside the branch that runs
 
         def attention(x, k_blk, v_blk):
             p = lp()
@@ -60,8 +62,9 @@ def skip_forward(config: ModelConfig, params: dict, tokens: jax.Array, cache: KV
             k_blk = jax.lax.dynamic_update_slice_in_dim(k_blk, k.astype(k_blk.dtype), slot, axis=1)
             v_blk = jax.lax.dynamic_update_slice_in_dim(v_blk, v.astype(v_blk.dtype), slot, axis=1)
             seen = mask if window is None else mask & (query_slot[:, None] - jnp.arange(m)[None, :] < window)
-            h = attention_output(c, p, q, positions, cache.k[i], cache.v[i], cache.lengths, k_blk, v_blk,
-                                 seen, window)
+            k_cache, v_cache = (cache.k, cache.v) if in_place else (cache.k[i], cache.v[i])
+            h = attention_output(c, p, q, positions, k_cache, v_cache, cache.lengths, k_blk, v_blk,
+                                 seen, window, i if in_place else None)
             return jnp.where(attn_on[:, None, None], x + h, x), k_blk, v_blk
 
         x, k_blk, v_blk = jax.lax.cond(attn_on.any(), attention, lambda *a: a, x, k_blk, v_blk)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import QuantizedWeight, quantized_matmul
+from pallas_kernels.matmul import matmul, runs_cpu_kernel
 from pallas_kernels.tree_attention import tree_attention
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -100,6 +101,24 @@ def random_params(shapes: dict, key: jax.Array, num_layers: int, std: float = 0.
 
 # ---- building blocks ----------------------------------------------------------------------------
 
+class InPlace(NamedTuple):
+    """Layer `index` of a stack [L, ...] of matmul weights, for a kernel that reads it in place
+    (XLA would copy a slice out of the stack before handing it to a kernel)."""
+
+    stack: jax.Array | QuantizedWeight
+    index: jax.Array
+
+
+def layer_params(layers: dict, index, in_place: bool) -> dict:
+    """One layer's parameters from the stacked `layers`: the matmul weights as InPlace views
+    when `in_place` (the CPU kernels run), everything sliced otherwise."""
+    def one(w):
+        if in_place and (isinstance(w, QuantizedWeight) or w.ndim >= 3):
+            return InPlace(w, index)
+        return w.layer(index) if isinstance(w, QuantizedWeight) else w[index]
+    return {name: one(w) for name, w in layers.items()}
+
+
 def rms_norm(x, w, eps, offset=0.0):
     """RMSNorm in float32, scaled by (offset + w) (Gemma: offset 1), in x's dtype."""
     x32 = x.astype(jnp.float32)
@@ -118,12 +137,18 @@ def soft_cap(x, cap):
 
 def dense(x, w, out_dtype=None):
     """x [..., K] @ w [K, N], accumulated in float32, returned in `out_dtype` (default x's
-    dtype). A QuantizedWeight w runs the quantized-matmul kernel on x as [M, K]."""
+    dtype). w may be an array, a QuantizedWeight (the quantized-matmul kernel) or an InPlace
+    layer of a stack; on CPU the few rows of a decode or verify step run the matmul kernels."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if isinstance(w, QuantizedWeight):
-        y = quantized_matmul(x.reshape(-1, x.shape[-1]), w, out_dtype=out_dtype)
-        return y.reshape(*x.shape[:-1], w.out_features)
-    return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(out_dtype)
+    rows = x.reshape(-1, x.shape[-1])
+    stack, index = (w.stack, w.index) if isinstance(w, InPlace) else (w, None)
+    if isinstance(stack, QuantizedWeight):
+        y = quantized_matmul(rows, stack, index=index, out_dtype=out_dtype)
+    elif index is not None or runs_cpu_kernel(rows.shape[0]):
+        y = matmul(rows, stack, index=index).astype(out_dtype)
+    else:
+        return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(out_dtype)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def rope_inv_freq(config: ModelConfig, local: bool = False) -> jax.Array:
@@ -187,27 +212,29 @@ def attention_qkv(config, lp, x, positions, inv_freq):
 
 
 def attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k_block, v_block, mask,
-                     window=None):
+                     window=None, layer=None):
     """The queries q [B,T,H,hd] attend to the cache slots [0, lengths) and to the block of new
     keys/values [B,M,KV,hd] that `mask` bool[B,T,M] allows; returns the output projection
     [B,T,E] (post-attention-normed where configured). `window` (scalar, may be traced) limits
-    the cache slots seen; the mask must already hold it."""
+    the cache slots seen; the mask must already hold it. With `layer`, k/v_cache are the
+    stacks [L,B,S,KV,hd] of every layer, read in place at that index."""
     c = config
     b, t = q.shape[:2]
     scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
-    out = tree_attention(q, k_cache, v_cache, lengths, k_block, v_block, mask, q_positions=positions,
-                         window=window, scale=scale, softcap=c.attn_logit_softcapping)
+    out = tree_attention(q, k_cache, v_cache, lengths, k_block, v_block, mask, index=layer,
+                         q_positions=positions, window=window, scale=scale,
+                         softcap=c.attn_logit_softcapping)
     h = dense(out.reshape(b, t, -1), lp["wo"])
     return norm(c, h, lp["post_attn_norm"]) if c.sandwich_norms else h
 
 
 def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
-                     window=None):
+                     window=None, layer=None):
     """Self-attention of one layer over the normed x, the new tokens seeing each other by
     `tree_mask`; returns (output, k_new, v_new) (heads call it with sandwich_norms off)."""
     q, k, v = attention_qkv(config, lp, x, positions, inv_freq)
     return attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k, v, tree_mask,
-                            window), k, v
+                            window, layer), k, v
 
 
 def mlp_residual(config, lp, x):
@@ -270,19 +297,32 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     else:
         k_cache, v_cache, lengths = cache
 
+    # On CPU a decode or verify forward runs kernels that read each layer's weights and cache
+    # from their stacks in place; otherwise the scan slices them (as its xs, which training's
+    # gradient needs).
+    in_place = runs_cpu_kernel(b * x.shape[1])
+    stacks = (params["layers"], k_cache, v_cache)
+
     def layer(x, xs):
-        lp, k_layer, v_layer, index, inv_freq, window = xs
+        index, inv_freq, window = xs[:3]
+        if in_place:
+            lp, k_layer, v_layer = layer_params(params["layers"], index, True), k_cache, v_cache
+        else:
+            lp, k_layer, v_layer = xs[3:]
         if inject is not None and inject.layer > 0:
             x = jax.lax.cond(index == inject.layer,
                              lambda x: x.at[:, t:].set(inject.make(x[:, :t]).astype(x.dtype)), lambda x: x, x)
         mask = tree_mask if window is None else tree_mask & (distance < window)
-        h, k_new, v_new = attention_block(c, lp, norm(c, x, lp["attn_norm"]), positions, mask,
-                                           k_layer, v_layer, lengths, inv_freq, window)
-        x = mlp_residual(c, lp, x + h)
+        with jax.named_scope("attention"):
+            h, k_new, v_new = attention_block(c, lp, norm(c, x, lp["attn_norm"]), positions, mask,
+                                               k_layer, v_layer, lengths, inv_freq, window,
+                                               index if in_place else None)
+        with jax.named_scope("mlp"):
+            x = mlp_residual(c, lp, x + h)
         return x, (k_new, v_new, x if return_layers else None)
 
-    x, (k_new, v_new, per_layer) = jax.lax.scan(
-        layer, x, (params["layers"], k_cache, v_cache, jnp.arange(c.num_layers), inv_freqs, windows))
+    xs = (jnp.arange(c.num_layers), inv_freqs, windows, *(() if in_place else stacks))
+    x, (k_new, v_new, per_layer) = jax.lax.scan(layer, x, xs)
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
     hidden = norm(c, x, params["norm"])
     logits = lm_head(config, params, hidden) if compute_logits else None
@@ -301,6 +341,11 @@ def lm_head_weight(config: ModelConfig, params: dict):
 def lm_head(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Final-normed hidden [..., E] -> float32 logits [..., V] (soft-capped when configured)."""
     w = lm_head_weight(config, params)
+    if config.tie_word_embeddings and runs_cpu_kernel(hidden.size // hidden.shape[-1]):
+        # the kernel reads the embedding's rows as the head's columns: no transpose
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        logits = matmul(rows, params["embed"], transposed=True).reshape(*hidden.shape[:-1], -1)
+        return soft_cap(logits, config.final_logit_softcapping)
     if not isinstance(w, QuantizedWeight):
         w = w.astype(hidden.dtype)
     return soft_cap(dense(hidden, w, out_dtype=jnp.float32), config.final_logit_softcapping)
