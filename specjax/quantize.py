@@ -1,7 +1,8 @@
 """Weight-only quantization of a Model: int8 / int4 group-wise matmul weights.
 
-The layer matmuls (stacked [L, K, N]) and an untied lm_head [E, V] become QuantizedWeight
-pytrees (leaves stacked on the layer axis, so the layer scan slices them as it slices arrays);
+The layer matmuls (stacked [L, K, N]) and the lm_head [E, V] (for tied embeddings a quantized
+copy of the embedding's transpose, the embedding itself staying float for the gather) become
+QuantizedWeight pytrees (leaves stacked on the layer axis, so the layer scan slices them as it slices arrays);
 `dense` in the forward then runs the quantized-matmul kernel. Embeddings, norms and biases stay
 as they are.
 """
@@ -48,4 +49,6 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
     params = {**model.params, "layers": layers}
     if "lm_head" in params:
         params["lm_head"] = one("lm_head", params["lm_head"])
+    elif model.config.tie_word_embeddings:  # a quantized copy for the head; the gather stays float
+        params["lm_head"] = one("lm_head", params["embed"].T)
     return Model(params, model.config)

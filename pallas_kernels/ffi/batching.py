@@ -24,7 +24,7 @@ def inference_only(kernel, reference, fold, name: str):
         flags = [any(jax.tree.leaves(b)) for b in in_batched]
         if fold is not None and flags[0] and not any(flags[1:]):
             return fold(axis_size, *args), True
-        grow = lambda a: jnp.broadcast_to(a, (axis_size, *a.shape))
+        grow = lambda a: jnp.broadcast_to(a, (axis_size, *jnp.shape(a)))
         args = [a if f else jax.tree.map(grow, a) for a, f in zip(args, flags)]
         return jax.vmap(reference)(*args), True
 

@@ -334,14 +334,16 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
 
 
 def lm_head_weight(config: ModelConfig, params: dict):
-    """The LM head matrix [E, V]: the transposed embedding when tied."""
-    return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    """The LM head matrix [E, V]: the transposed embedding when tied, unless the params carry a
+    quantized copy of it (`sj.quantize`, a Q8_0 / Q4_0 GGUF): the embedding stays float for the
+    gather, the head's matmul reads the quantized copy."""
+    return params["lm_head"] if "lm_head" in params else params["embed"].T
 
 
 def lm_head(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Final-normed hidden [..., E] -> float32 logits [..., V] (soft-capped when configured)."""
     w = lm_head_weight(config, params)
-    if config.tie_word_embeddings and runs_cpu_kernel(hidden.size // hidden.shape[-1]):
+    if "lm_head" not in params and runs_cpu_kernel(hidden.size // hidden.shape[-1]):
         # the kernel reads the embedding's rows as the head's columns: no transpose
         rows = hidden.reshape(-1, hidden.shape[-1])
         logits = matmul(rows, params["embed"], transposed=True).reshape(*hidden.shape[:-1], -1)

@@ -1,0 +1,200 @@
+"""The CPU kernels (C++ through the XLA FFI) against the pure-JAX references: every shape class
+the model sends them, the layer read in place from a stack, vmap and grad, and the fallbacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import ffi, quantize
+from pallas_kernels.matmul import matmul
+from pallas_kernels.matmul import reference as matmul_ref
+from pallas_kernels.quant_matmul import dequantize, quantized_matmul
+from pallas_kernels.tree_attention import reference as attention_ref
+from pallas_kernels.tree_attention import tree_attention
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu" or not ffi.available(),
+                                reason="the CPU kernels run on a CPU with a C++ compiler")
+
+
+def normal(shape, seed=0, dtype=jnp.float32):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32), dtype)
+
+
+def close(got, want, rtol=2e-5):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert got.shape == want.shape
+    scale = np.abs(want).max() or 1.0
+    assert np.abs(got - want).max() <= rtol * scale, np.abs(got - want).max() / scale
+
+
+# ---- dense matmul --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 64])
+@pytest.mark.parametrize("k,n", [(576, 1536), (577, 131), (40, 7), (96, 1024)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_matmul_equals_reference(m, k, n, transposed):
+    x = normal((m, k), 1)
+    w = normal((3, n, k) if transposed else (3, k, n), 2)
+    got = jax.jit(lambda x, w, i: matmul(x, w, index=i, transposed=transposed, impl="cpu"))(x, w, 2)
+    close(got, matmul_ref.matmul(x, w, index=2, transposed=transposed))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_matmul_bfloat16_weights(transposed):
+    x, w = normal((5, 200), 1), normal((96, 200) if transposed else (200, 96), 2, jnp.bfloat16)
+    close(matmul(x, w, transposed=transposed, impl="cpu"), matmul_ref.matmul(x, w, transposed=transposed))
+
+
+def test_matmul_picks_the_layer_of_the_stack():
+    w = jnp.stack([jnp.full((8, 16), float(i)) for i in range(4)])
+    out = jax.jit(lambda i: matmul(jnp.ones((1, 8)), w, index=i, impl="cpu"))(jnp.int32(3))
+    assert np.all(np.asarray(out) == 24.0)
+
+
+def test_matmul_past_the_kernel_rows_is_the_reference():
+    x, w = normal((65, 64), 1), normal((64, 32), 2)
+    lowered = jax.jit(lambda x, w: matmul(x, w, impl="cpu")).lower(x, w).as_text()
+    assert "specjax_matmul" not in lowered
+    assert "specjax_matmul" in jax.jit(lambda x, w: matmul(x[:64], w, impl="cpu")).lower(x, w).as_text()
+
+
+def test_matmul_vmap_folds_batch_into_rows():
+    x, w = normal((4, 3, 64), 1), normal((64, 48), 2)
+    f = jax.vmap(lambda x: matmul(x, w, impl="cpu"))
+    close(f(x), jnp.einsum("bmk,kn->bmn", x, w))
+    hlo = jax.jit(f).lower(x).as_text()
+    assert hlo.count("specjax_matmul") == 1 and "12x64" in hlo.replace(",", "x")  # one call, 12 rows
+
+
+def test_matmul_vmap_over_the_weights_runs_the_reference():
+    x, w = normal((3, 64), 1), normal((2, 64, 48), 2)
+    close(jax.vmap(lambda w: matmul(x, w, impl="cpu"))(w), jnp.einsum("mk,bkn->bmn", x, w))
+
+
+def test_matmul_gradient_is_the_references():
+    x, w = normal((4, 32), 1), normal((32, 16), 2)
+    loss = lambda impl: lambda x, w: (matmul(x, w, impl=impl) ** 2).sum()
+    for got, want in zip(jax.grad(loss("cpu"), (0, 1))(x, w), jax.grad(loss("reference"), (0, 1))(x, w)):
+        close(got, want)
+
+
+# ---- quantized matmul ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits,group_size", [(8, 32), (8, 64), (8, 128), (4, 32), (4, 64), (4, 128)])
+@pytest.mark.parametrize("m", [1, 4, 5, 17])
+def test_quantized_matmul_equals_reference(bits, group_size, m):
+    k, n = 512, 200  # n not a multiple of the vector block: the tail columns too
+    qw = quantize(normal((2, k, n), 3), bits, group_size)
+    x = normal((m, k), 4)
+    got = jax.jit(lambda x, qw: quantized_matmul(x, qw, index=1, impl="cpu"))(x, qw)
+    close(got, x @ dequantize(qw)[1])
+
+
+def test_quantized_matmul_one_weight_and_bfloat16_out():
+    qw = quantize(normal((256, 64), 3), 4, 64)
+    x = normal((3, 256), 4, jnp.bfloat16)
+    got = quantized_matmul(x, qw, impl="cpu")
+    assert got.dtype == jnp.bfloat16
+    close(got, x.astype(jnp.float32) @ dequantize(qw), rtol=1e-2)
+
+
+def test_quantized_matmul_w8a8_runs_the_reference():
+    qw = quantize(normal((256, 64), 3), 8, 64)
+    x = normal((3, 256), 4)
+    hlo = jax.jit(lambda x: quantized_matmul(x, qw, act_bits=8, impl="cpu")).lower(x).as_text()
+    assert "specjax_quant_matmul" not in hlo
+
+
+# ---- tree attention ------------------------------------------------------------------------------
+
+def attention_inputs(b, n, hq, kv, hd, s, layers=2, dtype=jnp.float32, seed=0):
+    r = np.random.default_rng(seed)
+    q = normal((b, n, hq, hd), seed)
+    caches = normal((2, layers, b, s, kv, hd), seed + 1, dtype)
+    tree = normal((2, b, n, kv, hd), seed + 2)
+    mask = np.tril(r.random((b, n, n)) < 0.6) | np.eye(n, dtype=bool)[None]
+    return q, caches[0], caches[1], tree[0], tree[1], jnp.asarray(mask)
+
+
+@pytest.mark.parametrize("b,n,hq,kv,hd,s,lengths", [
+    (1, 1, 9, 3, 64, 64, [10]),            # SmolLM2's heads, an AR step
+    (2, 4, 4, 2, 32, 300, [0, 300]),       # an empty row and a full cache; 2 chunks
+    (3, 8, 6, 3, 64, 600, [257, 1, 599]),  # ragged, chunk edges
+    (1, 5, 2, 2, 16, 16, [16]),
+    (2, 64, 4, 1, 128, 40, [3, 40]),
+])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tree_attention_equals_reference(b, n, hq, kv, hd, s, lengths, dtype):
+    q, kc, vc, kt, vt, mask = attention_inputs(b, n, hq, kv, hd, s, dtype=dtype)
+    lengths = jnp.array(lengths, jnp.int32)
+    got = jax.jit(lambda *a: tree_attention(*a[:-1], index=a[-1], impl="cpu"))(
+        q, kc, vc, lengths, kt, vt, mask, jnp.int32(1))
+    close(got, attention_ref.tree_attention(q, kc[1], vc[1], lengths, kt, vt, mask))
+
+
+def test_tree_attention_reads_only_used_slots():
+    """Garbage (NaN) in the allocated but unused slots must not reach the output."""
+    q, kc, vc, kt, vt, mask = attention_inputs(2, 3, 4, 2, 32, 128, layers=1)
+    lengths = jnp.array([5, 70], jnp.int32)
+    poison = jnp.arange(128)[None, None, :, None, None] >= lengths[None, :, None, None, None]
+    got = tree_attention(q, jnp.where(poison, jnp.nan, kc), jnp.where(poison, jnp.nan, vc), lengths,
+                         kt, vt, mask, index=0, impl="cpu")
+    close(got, attention_ref.tree_attention(q, kc[0], vc[0], lengths, kt, vt, mask))
+
+
+def test_tree_attention_falls_back_for_windows_softcaps_and_long_blocks():
+    q, kc, vc, kt, vt, mask = attention_inputs(1, 4, 4, 2, 32, 32, layers=1)
+    lengths = jnp.array([20], jnp.int32)
+    pos = jnp.arange(20, 24)[None]
+    for kwargs in (dict(window=8, q_positions=pos), dict(softcap=30.0), dict(scale=0.1)):
+        f = jax.jit(lambda *a: tree_attention(*a, index=0, impl="cpu", **kwargs))
+        assert "specjax_tree_attention" not in f.lower(q, kc, vc, lengths, kt, vt, mask).as_text()
+        close(f(q, kc, vc, lengths, kt, vt, mask),
+              attention_ref.tree_attention(q, kc[0], vc[0], lengths, kt, vt, mask, **kwargs))
+
+
+def test_tree_attention_vmap_and_grad():
+    q, kc, vc, kt, vt, mask = attention_inputs(2, 3, 4, 2, 32, 16, layers=1)
+    lengths = jnp.array([4, 16], jnp.int32)
+    qs = jnp.stack([q, 2 * q])
+    f = lambda q: tree_attention(q, kc, vc, lengths, kt, vt, mask, index=0, impl="cpu")
+    ref = lambda q: attention_ref.tree_attention(q, kc[0], vc[0], lengths, kt, vt, mask)
+    close(jax.vmap(f)(qs), jax.vmap(ref)(qs))
+    close(jax.grad(lambda q: f(q).sum())(q), jax.grad(lambda q: ref(q).sum())(q))
+
+
+# ---- building ------------------------------------------------------------------------------------
+
+def test_no_compiler_is_one_warning_and_xla_runs(tmp_path):
+    code = ("import warnings, jax.numpy as jnp\n"
+            "from pallas_kernels import ffi\n"
+            "from pallas_kernels.matmul import matmul\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    out = matmul(jnp.ones((2, 8)), jnp.ones((8, 4)))\n"
+            "assert not ffi.available() and float(out.sum()) == 64.0\n"
+            "print([str(x.message) for x in w])\n")
+    env = {**os.environ, "CXX": "no-such-compiler", "SPECJAX_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert done.returncode == 0, done.stderr
+    assert "no C++ compiler found" in done.stdout and "XLA's code runs instead" in done.stdout
+
+
+def test_build_is_cached_and_a_killed_build_is_cleaned(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    stale = folder / ".build-999999999.tmp"  # a build killed mid-write: its process is gone
+    stale.write_bytes(b"half a library")
+    lib = ffi.build()
+    assert lib.exists() and not stale.exists() and lib.parent == folder
+    mtime = lib.stat().st_mtime_ns
+    assert ffi.build() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
