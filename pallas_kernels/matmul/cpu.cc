@@ -78,6 +78,8 @@ void nk_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_
   vf acc[R][NK_COLS] = {};
   const int64_t kv = K / VL * VL;
   for (int64_t k = 0; k < kv; k += VL) {
+    if (R == MR || m0 == 0)  // the next columns' weight rows, one line per row and step
+      for (int c = 0; c < NK_COLS; ++c) __builtin_prefetch(w + (n0 + NK_COLS + c) * K + k);
     vf wv[NK_COLS];
     for (int c = 0; c < NK_COLS; ++c) wv[c] = c < cols ? load_w(w + (n0 + c) * K + k) : vf{};
     for (int r = 0; r < R; ++r) {
