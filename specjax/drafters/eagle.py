@@ -172,6 +172,7 @@ class Eagle(Drafter):
         outs = jnp.zeros((b, size, e), jnp.float32).at[:, 0].set(h_root[:, 0])
         after = functools.partial(self._outputs_after, ctx, cache)
         if self.tree == "dyspec":  # q: the head's processed distribution over the target's vocabulary
+            # (an EAGLE-3 draft vocabulary maps through d2t: q is zero outside it, as exact rules allow)
             dist = lambda h: sampling.draft_probs(logits(h), ctx.sampling)
             tree, _ = growth.dyspec(ctx.root, dist(h_root[:, 0]), _mapped(after, dist), outs, key,
                                     widths=self.widths, greedy=ctx.sampling.greedy)
@@ -185,8 +186,7 @@ class Eagle(Drafter):
         """The head's outputs [B, n_new, E] at the `new` nodes of a growing tree, and `outs`
         [B, N, E] (the root's first) with them: one head step over the non-root nodes so far
         (node i reads its parent's output and its own token at entry position root_entry +
-        depth(i), seeing its ancestors). An EAGLE-3 draft vocabulary maps through d2t, so q is
-        zero outside it, which every exact rule handles."""
+        depth(i), seeing its ancestors)."""
         m = new.stop
         feat = row_gather(outs, jnp.maximum(tree.parents[:, 1:m], 0))
         emb = eagle_head.embed(self.params, ctx.model.params["embed"], tree.tokens[:, 1:m])
