@@ -25,6 +25,7 @@ import numpy as np
 from specjax import sampling, sharding, verify
 from specjax.drafters.base import Context, Drafter, NoDrafter
 from specjax.models import ForwardOutput, KVCache, Model, ModelConfig, forward
+from specjax.tree import row_gather
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ class DecodeState(NamedTuple):
 
     @property
     def root(self) -> jax.Array:
-        return jnp.take_along_axis(self.history, (self.length - 1)[:, None], axis=1)[:, 0]
+        return row_gather(self.history, self.length - 1)
 
 
 @dataclasses.dataclass
@@ -185,16 +186,11 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
     hist = state.accepted_hist + jax.nn.one_hot(verdict.num_accepted, width, dtype=jnp.int32) * active[:, None]
     state = state._replace(cache=cache, key=key, drafter_state=dstate, accepted_hist=hist)
     if automaton is not None:  # the state at the accepted path's end, advanced by the next token
-        end = jnp.take_along_axis(node_states, _at_depth(verdict.path, verdict.num_accepted)[:, None], 1)[:, 0]
+        end = row_gather(node_states, verdict.last_node)
         advanced = automaton.step(end, verdict.next_token)
         state = state._replace(constraint_state=jnp.where(active, advanced, state.constraint_state))
     state = _emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings)
     return sharding.constrain_caches(state), StepRecord(verdict.num_accepted, active)
-
-
-def _at_depth(path: jax.Array, depth: jax.Array) -> jax.Array:
-    """int32[B]: path[b, depth[b]]."""
-    return jnp.take_along_axis(path, depth[:, None], axis=1)[:, 0]
 
 
 def _verify_forward(model: Model, drafter: Drafter, tree, positions: jax.Array, cache: KVCache,

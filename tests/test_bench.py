@@ -15,7 +15,8 @@ import pytest
 
 import specjax as sj
 from specjax.__main__ import main
-from specjax.bench.harness import BenchConfig, _tokenized_prompts, caveat, run, skipped, write
+from specjax.bench.harness import BenchConfig, _tokenized_prompts, run, skipped
+from specjax.bench.report import caveat, write
 from specjax.convert import ASSETS, resolve
 from specjax.tokenizer import load_tokenizer
 

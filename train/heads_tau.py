@@ -9,10 +9,10 @@ import numpy as np
 import specjax as sj
 from specjax.drafters import PPD, Clover, Eagle, HiddenTransfer, Medusa
 from specjax.train.corpus import list_files, read_text, resolve_root
-from specjax.train.tokenizer import load_tokenizer
+from specjax.train.tokenizer import load_trained_tokenizer
 
 target = sj.load(os.environ.get("TARGET", "tiny"))
-tok = load_tokenizer(sys.argv[1] if len(sys.argv) > 1 else "runs/tokenizer")
+tok = load_trained_tokenizer(sys.argv[1] if len(sys.argv) > 1 else "runs/tokenizer")
 _, held = list_files(resolve_root("stdlib"))
 print(f"Greedy decoding, 64 new tokens from 8 held-out prompts of 64 tokens, target {target.config.num_layers}"
       f" layers / hidden {target.config.hidden_size}.\n")

@@ -6,19 +6,24 @@ acceptance (`sj.verify.Typical`) is opt-in and lossy. Checkpoints: `specjax.conv
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import heads as ckpt
-from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
-from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
+from specjax.drafters.blocks import feature_cache
 from specjax.heads import medusa as medusa_head
 from specjax.heads import vocab
 from specjax.models import Model, lm_head_weight
-from specjax.tree import DraftTree
+from specjax.tree import DraftTree, Template, row_gather
+from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
+
+
+class MedusaState(NamedTuple):
+    hidden: jax.Array  # float32[B, E]: the target's final normed hidden of the last accepted token
 
 
 @jax.tree_util.register_dataclass
@@ -40,7 +45,7 @@ class Medusa(Drafter):
         object.__setattr__(self, "accuracy", checked_accuracy(self.tree_size, self.accuracy))
 
     @property
-    def template(self) -> SparseTree:
+    def template(self) -> Template:
         return sparse_tree(self.accuracy or geometric_prior(medusa_head.num_heads(self.params), 0.6),
                            self.tree_size)
 
@@ -61,14 +66,14 @@ class Medusa(Drafter):
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
         if prefill is None:
-            return {"hidden": jnp.zeros((prompts.shape[0], target.config.hidden_size), jnp.float32)}
-        return {"hidden": feature_cache.last_feature(prefill.hidden, lengths).astype(jnp.float32)}
+            return MedusaState(jnp.zeros((prompts.shape[0], target.config.hidden_size), jnp.float32))
+        return MedusaState(feature_cache.last_feature(prefill.hidden, lengths).astype(jnp.float32))
 
     def propose(self, state, ctx: Context, key):
         t = self.template
         # heads without their own LM head share the target's
         head = None if "w2" in self.params else lm_head_weight(ctx.model.config, ctx.model.params)
-        logits = medusa_head.apply(self.params, state["hidden"], self.num_layers, head)  # [B,K,V]
+        logits = medusa_head.apply(self.params, state.hidden, self.num_layers, head)  # [B,K,V]
         top = vocab.target_ids(self.params, jax.lax.top_k(logits, min(t.num_ranks, logits.shape[-1]))[1])
         rank_c = np.minimum(t.rank, top.shape[-1] - 1)
         drafted = top[:, np.maximum(t.depth[1:] - 1, 0), rank_c[1:]]  # [B, N-1]
@@ -76,9 +81,7 @@ class Medusa(Drafter):
         return DraftTree.build(tokens, t.parents, max_depth=self.max_depth), state
 
     def update(self, state, ctx, tree, verdict, target_out):
-        last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)  # [B, 1]
-        h = jnp.take_along_axis(target_out.hidden, last[:, :, None], axis=1)[:, 0].astype(jnp.float32)
-        return {"hidden": h}
+        return MedusaState(row_gather(target_out.hidden, verdict.last_node).astype(jnp.float32))
 
     # ---- checkpoints ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from specjax.train.data import eval_windows, load_streams
 from specjax.train.export import load_trained_params
 from specjax.train.loop import held_out, score_function
 from specjax.train.objectives import make_objective
-from specjax.train.tokenizer import EOT, load_tokenizer
+from specjax.train.tokenizer import EOT, load_trained_tokenizer
 
 # Signatures of functions in held-out modules (textwrap, heapq, shlex). No trailing newline:
 # the BPE merges a newline with the next line's indentation, so a prompt ending in a bare
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
         n = sum(x.size for x in jax.tree.leaves(params))
         name = Path(cfg.train.out).name
         print(f"| {name} | {n / 1e6:.2f}M | {step} | {m['loss']:.4f} | {m['ppl']:.2f} |")
-        tok = load_tokenizer(cfg.data.tokenizer)
+        tok = load_trained_tokenizer(cfg.data.tokenizer)
         for prompt in PROMPTS:
             ids = [tok.token_to_id(EOT)] + tok.encode(prompt).ids
             samples.append((name, prompt, tok.decode(greedy(cfg.model, params, ids, args.new_tokens))))

@@ -46,8 +46,9 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def load_tokenizer(folder: str | Path) -> Tokenizer:
-    """The tokenizer saved in `folder` (a clear error when it is missing)."""
+def load_trained_tokenizer(folder: str | Path) -> Tokenizer:
+    """The raw `tokenizers.Tokenizer` the trainer saved in `folder` (a clear error when it is
+    missing); `specjax.load_tokenizer` gives a model's TextTokenizer."""
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(

@@ -2,17 +2,16 @@
 Hidden Transfer): the `num_nodes - 1` highest-valued rank paths of a per-depth per-rank accuracy
 table (measured on held-out text by the trainer), or of a geometric prior when nothing was
 measured. Plain data and functions; a drafter holds `tree_size` and `accuracy` fields and asks
-`sparse_tree(...)` for its template."""
+`sparse_tree(...)` for its `Template`."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import heapq
 
 import numpy as np
 
-from specjax.drafters.base import template_depth
+from specjax.tree.template import Template, depths
 
 DEFAULT_RANKS = 10
 
@@ -62,31 +61,9 @@ def medusa_tree(accuracy: Accuracy, num_nodes: int) -> tuple[np.ndarray, np.ndar
     return np.asarray(parents, np.int32), np.asarray(rank, np.int32)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class SparseTree:
-    """A static sparse tree template: `parents`, `rank` (of its token among its parent's
-    proposals; -1 at the root) and `depth`, all int32[N], root first."""
-
-    parents: np.ndarray
-    rank: np.ndarray
-    depth: np.ndarray
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.parents)
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.depth.max())
-
-    @property
-    def num_ranks(self) -> int:
-        """Ranks the tree reads per depth (the most a drafter must keep)."""
-        return int(self.rank.max()) + 1
-
-
 @functools.lru_cache(maxsize=64)
-def sparse_tree(accuracy: Accuracy, num_nodes: int) -> SparseTree:
-    """The SparseTree of `num_nodes` nodes built from `accuracy` (see `medusa_tree`)."""
+def sparse_tree(accuracy: Accuracy, num_nodes: int) -> Template:
+    """The template of `num_nodes` nodes built from `accuracy` (see `medusa_tree`); a node's
+    rank is that of its token among its parent's proposals."""
     parents, rank = medusa_tree(accuracy, num_nodes)
-    return SparseTree(parents, rank, template_depth(parents))
+    return Template(parents, rank, depths(parents))

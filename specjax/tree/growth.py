@@ -1,13 +1,17 @@
-"""DySpec's dynamic token tree (Xiong et al., arXiv 2410.11744), grown under a node budget from
-any drafter's distributions; used by DraftModel (mode "dyspec") and Eagle (tree "dyspec").
+"""Dynamic trees grown round by round from a drafter's distributions: DySpec's (`dyspec`) and
+EAGLE-2's (`eagle2`). Each takes the root's distribution and a callback that gives the
+distributions after the newest nodes of the tree so far (one draft call per round), so any
+drafter that can score a partial tree under its ancestor mask (a draft model, an EAGLE head)
+grows either.
 
-DySpec estimates a node's chance of acceptance by the draft probability of its path, and grows
-the tree greedily from a max-heap of "slots" (a node's next child) until the budget is spent.
-Here the heap is a static-shape top-k: each round takes the `widths[r]` best open slots of
-every node whose distribution is known, then one draft call gives the distributions after the
-new nodes. A node draws its children once, in order, when its distribution arrives (Gumbel
-top-k: without replacement, in draw order; at temperature 0 its top tokens) and each slot
-holds the next of them, so a node's slots are taken in draw order and siblings are indexed so.
+DySpec (Xiong et al., arXiv 2410.11744) estimates a node's chance of acceptance by the draft
+probability of its path, and grows the tree greedily from a max-heap of "slots" (a node's next
+child) until the budget is spent. Here the heap is a static-shape top-k: each round takes the
+`widths[r]` best open slots of every node whose distribution is known, then one draft call
+gives the distributions after the new nodes. A node draws its children once, in order, when
+its distribution arrives (Gumbel top-k: without replacement, in draw order; at temperature 0
+its top tokens) and each slot holds the next of them, so a node's slots are taken in draw
+order and siblings are indexed so.
 
 Slot scores. v(child) = v(parent) * q(child), v(root) = 1. At temperature 0, slot j of node n
 scores v(n) * q(x_j), the chance its token is the target's (EAGLE-2's rerank, grown
@@ -17,6 +21,10 @@ node gets a j-th child never depends on that child's token (a slot ranks below i
 earlier slots, and every other score is fixed by earlier draws or by independent ones), so
 the children are a sequential draw without replacement stopped by a rule that looks only at
 the past, and recursive rejection is exact for any such stopping rule.
+
+EAGLE-2 (Li et al., arXiv 2406.16858) expands the `top_k` beams of highest path
+log-probability, `top_k` children each, for `depth` levels, then reranks every candidate by
+its path probability: deterministic drafts (q = None), exact with Greedy and TopK.
 """
 
 from __future__ import annotations
@@ -27,14 +35,15 @@ import jax
 import jax.numpy as jnp
 
 from specjax import sampling
-from specjax.tree import DraftTree
+from specjax.tree.budget import best_subtree
+from specjax.tree.draft_tree import DraftTree
 
-# (tree so far, the slice of its newest nodes, carry) -> (draft distributions float[B, n_new, V]
-# after each new node, carry)
+# (tree so far, the slice of its newest nodes, carry) -> (the draft's distributions (dyspec) or
+# log-probabilities (eagle2) float[B, n_new, V] after each new node, carry)
 DistAfter = Callable[[DraftTree, slice, Any], tuple[jax.Array, Any]]
 
 
-def grow(root: jax.Array, root_dist: jax.Array, dist_after: DistAfter, carry: Any, key: jax.Array, *,
+def dyspec(root: jax.Array, root_dist: jax.Array, dist_after: DistAfter, carry: Any, key: jax.Array, *,
          widths: tuple[int, ...], greedy: bool) -> tuple[DraftTree, Any]:
     """A DySpec tree of 1 + sum(widths) nodes and depth <= len(widths) after `root` int32[B],
     whose draft distribution is `root_dist` float[B, V]; round r adds `widths[r]` nodes (a node
@@ -78,6 +87,43 @@ def grow(root: jax.Array, root_dist: jax.Array, dist_after: DistAfter, carry: An
         start += width
     q = None if greedy else dist[rows, jnp.maximum(parents, 0)]
     return DraftTree.build(tokens, parents, q=q, valid=valid, max_depth=depth), carry
+
+
+def eagle2(root: jax.Array, root_logp: jax.Array, logp_after: DistAfter, carry: Any, *, top_k: int,
+           depth: int, num_nodes: int, min_prob: float = 0.0) -> tuple[DraftTree, Any]:
+    """EAGLE-2's tree of `num_nodes` nodes after `root` int32[B], whose draft log-probabilities
+    are `root_logp` float[B, V]: `depth` levels of the `top_k` best beams, top_k children each,
+    then the root and the num_nodes - 1 candidates of highest path probability (at least
+    `min_prob`), parents first, the kept ones before the dropped (`budget.best_subtree`).
+    `logp_after` sees the tree of the beams expanded so far (the root, then top_k per level)
+    and the slice of the newest level. Returns the tree (q = None) and the carry."""
+    b, k = root.shape[0], top_k
+    lp, tk = jax.lax.top_k(root_logp, k)  # [B, k]
+    cand_tok, cand_par, cand_score = [tk], [jnp.full((b, k), -1, jnp.int32)], [lp]
+    beam_tok, beam_score, beam_cand = tk, lp, jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
+    beam_node = jnp.zeros((b, k), jnp.int32)  # each beam's parent among the expanded beams (0: the root)
+    tokens = jnp.zeros((b, 1 + (depth - 1) * k), jnp.int32).at[:, 0].set(root)
+    parents = jnp.zeros_like(tokens).at[:, 0].set(-1)
+    offset = k
+    for s in range(1, depth):
+        new = slice(1 + (s - 1) * k, 1 + s * k)
+        tokens, parents = tokens.at[:, new].set(beam_tok), parents.at[:, new].set(beam_node)
+        logp, carry = logp_after(DraftTree.build(tokens, parents, max_depth=depth - 1), new, carry)
+        clp, ctok = jax.lax.top_k(logp, k)  # [B, k, k]
+        score = (beam_score[:, :, None] + clp).reshape(b, k * k)
+        cand_tok.append(ctok.reshape(b, k * k))
+        cand_par.append(jnp.repeat(beam_cand, k, axis=1))
+        cand_score.append(score)
+        beam_score, best = jax.lax.top_k(score, k)
+        beam_tok = jnp.take_along_axis(ctok.reshape(b, k * k), best, axis=1)
+        beam_cand = offset + best.astype(jnp.int32)
+        beam_node = new.start + (best // k).astype(jnp.int32)
+        offset += k * k
+    cand_tok, cand_par, cand_score = (jnp.concatenate(x, 1) for x in (cand_tok, cand_par, cand_score))
+    tokens = jnp.concatenate([root[:, None], cand_tok], 1)
+    parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), cand_par + 1], 1)  # candidate c is node c + 1
+    score = jnp.concatenate([jnp.zeros((b, 1)), cand_score], 1)
+    return best_subtree(tokens, parents, score, score >= jnp.log(min_prob), num_nodes, depth), carry
 
 
 def _slot_gain(child_q: jax.Array, greedy: bool) -> jax.Array:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax.tree import DraftTree
+from specjax.tree.draft_tree import DraftTree
 
 
 def best_subtree(tokens, parents, score, valid, budget: int, max_depth: int) -> DraftTree:

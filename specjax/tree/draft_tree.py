@@ -21,6 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.tree.gather import row_gather
+from specjax.tree.template import depths
+
 
 class Verdict(NamedTuple):
     """What a verifier decided for one step.
@@ -36,9 +39,14 @@ class Verdict(NamedTuple):
     num_accepted: jax.Array
     next_token: jax.Array
 
+    @property
+    def last_node(self) -> jax.Array:
+        """int32[B]: the last accepted node, path[b, num_accepted[b]] (the root when none was)."""
+        return row_gather(self.path, self.num_accepted)
+
     def emitted(self, tree: DraftTree) -> jax.Array:
         """int32[B, D+1]: the accepted draft tokens, then `next_token`, then -1 padding."""
-        drafted = jnp.take_along_axis(tree.tokens, self.path[:, 1:], axis=1)
+        drafted = row_gather(tree.tokens, self.path[:, 1:])
         drafted = jnp.pad(drafted, ((0, 0), (0, 1)), constant_values=-1)
         j = jnp.arange(self.path.shape[1])[None, :]
         a = self.num_accepted[:, None]
@@ -107,7 +115,7 @@ class DraftTree:
             raise ValueError(f"parents must be an int array [B, N] = {[b, n]} or [N], "
                              f"got {parents.dtype}{list(parents.shape)}")
         if parents_np is not None:
-            depth_max = _check_parents(parents_np)
+            depth_max = int(depths(parents_np).max())
             if max_depth is None:
                 max_depth = depth_max
             elif depth_max > max_depth:
@@ -151,24 +159,6 @@ def _concrete(x) -> np.ndarray | None:
     if isinstance(x, jax.core.Tracer):
         return None
     return np.asarray(x)
-
-
-def _check_parents(parents: np.ndarray) -> int:
-    """Validate concrete parents int[B, N]; return the maximum depth."""
-    n = parents.shape[1]
-    if np.any(parents[:, 0] != -1):
-        raise ValueError("parents[:, 0] must be -1: node 0 is the root")
-    idx = np.arange(n)
-    bad = (parents[:, 1:] < 0) | (parents[:, 1:] >= idx[1:])
-    if np.any(bad):
-        row, col = np.argwhere(bad)[0]
-        raise ValueError(f"parents[{row}, {col + 1}] = {parents[row, col + 1]}: every non-root "
-                         f"node needs a parent index in [0, {col}] (parents[i] < i)")
-    depth = np.zeros(parents.shape, np.int64)
-    rows = np.arange(parents.shape[0])
-    for i in range(1, n):
-        depth[:, i] = depth[rows, parents[:, i]] + 1
-    return int(depth.max())
 
 
 @functools.partial(jax.jit, static_argnums=2)
