@@ -1,0 +1,113 @@
+"""specjax against llama.cpp on the same GGUF files, prompts, threads and host, side by side.
+
+Each engine runs in its own process, batch 1, greedy, on the chat template of each prompt set
+row (the same token ids for both engines), warm (one generation before timing); the runs are
+interleaved (llama.cpp, then each specjax method, per file, per repeat) and each figure is the
+least over repeats. tokens/s counts new tokens over the wall time of generation, prompt
+processing included, summed over the prompts. Needs llama-cpp-python (a benchmark-only tool:
+`CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python`, ~9 minutes to build).
+
+    python benchmarks/vs_llamacpp.py --gguf smol-f32.gguf smol-q8_0.gguf \
+        --methods ar prompt-lookup eagle --prompts chat --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from cpu_kernel_curve import host  # noqa: E402
+
+
+def prompt_ids(prompts: str, n: int) -> list[list[int]]:
+    import specjax as sj
+    from specjax.bench.prompts import chat_messages, prompt_set
+
+    tok = sj.load_tokenizer("smollm2")
+    return [tok.chat(chat_messages(row)) for row in prompt_set(prompts, n)]
+
+
+def run_llamacpp(gguf: str, prompts: list[list[int]], max_new: int, threads: int) -> dict:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
+    llm.create_completion(prompts[0], max_tokens=8, temperature=0.0)  # warm
+    new, seconds, texts = 0, 0.0, []
+    for ids in prompts:
+        t0 = time.perf_counter()
+        out = llm.create_completion(ids, max_tokens=max_new, temperature=0.0, top_k=1)
+        seconds += time.perf_counter() - t0
+        new += out["usage"]["completion_tokens"]
+        texts.append(out["choices"][0]["text"])
+    return {"tokens_per_s": new / seconds, "new_tokens": new}
+
+
+def run_specjax(gguf: str, method: str, prompts: list[list[int]], max_new: int) -> dict:
+    import specjax as sj
+    from specjax.methods import make
+
+    model = sj.load(gguf)
+    eos = sj.load_tokenizer("smollm2").eos_token_ids
+    drafter = make(method, model)
+    sj.generate(model, [prompts[0]], max_new_tokens=max_new, drafter=drafter, eos_token_id=eos)
+    new, seconds, calls = 0, 0.0, 0
+    for ids in prompts:
+        out = sj.generate(model, [ids], max_new_tokens=max_new, drafter=drafter, eos_token_id=eos)
+        new += int(out.num_tokens[0])
+        seconds += out.stats["wall_time_s"]
+        calls += out.stats["target_calls"]
+    return {"tokens_per_s": new / seconds, "new_tokens": new, "tau": new / calls}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gguf", nargs="+", required=True, help="GGUF files of the same model")
+    p.add_argument("--methods", nargs="+", default=["ar", "prompt-lookup"], help="specjax methods")
+    p.add_argument("--prompts", default="chat", help="chat or humaneval")
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        engine, gguf, method = json.loads(args.child)
+        prompts = prompt_ids(args.prompts, args.num_prompts)
+        out = (run_llamacpp(gguf, prompts, args.max_new_tokens, args.threads) if engine == "llama.cpp"
+               else run_specjax(gguf, method, prompts, args.max_new_tokens))
+        print(json.dumps(out))
+        return
+    rows = [(g, "llama.cpp", "ar") for g in args.gguf] + [(g, "specjax", m) for g in args.gguf for m in args.methods]
+    best: dict[tuple, dict] = {}
+    for _ in range(args.repeats):
+        for gguf, engine, method in rows:
+            cmd = [sys.executable, __file__, "--child", json.dumps([engine, gguf, method]),
+                   "--prompts", args.prompts, "--num-prompts", str(args.num_prompts),
+                   "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"{engine} {method} on {gguf} failed:\n{done.stderr[-3000:]}")
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+            key = (gguf, engine, method)
+            if key not in best or out["tokens_per_s"] > best[key]["tokens_per_s"]:
+                best[key] = out
+            print(f"# {engine} {method} {os.path.basename(gguf)}: {out['tokens_per_s']:.1f} tokens/s",
+                  file=sys.stderr, flush=True)
+    print(f"SmolLM2-135M-Instruct, {args.prompts} set ({args.num_prompts} prompts), batch 1, greedy, "
+          f"{args.max_new_tokens} new tokens, {args.threads} threads; host: {host()}; "
+          f"best of {args.repeats} interleaved runs\n")
+    print("| weights | engine | method | tokens/s | vs llama.cpp AR | tau |")
+    print("|---|---|---|---|---|---|")
+    for gguf, engine, method in rows:
+        out, anchor = best[(gguf, engine, method)], best[(gguf, "llama.cpp", "ar")]
+        print(f"| {os.path.basename(gguf)} | {engine} | {method} | {out['tokens_per_s']:.1f} | "
+              f"{out['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | {out.get('tau', 1.0):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
