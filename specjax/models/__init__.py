@@ -8,8 +8,8 @@ import jax
 
 from specjax.models.cache import KVCache
 from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
-from specjax.models.llama import (ForwardOutput, Injection, forward, init_params, lm_head, lm_head_weight,
-                                  param_shapes)
+from specjax.models.llama import ForwardOutput, Injection, forward, lm_head, lm_head_weight
+from specjax.models.params import init_params, param_shapes
 
 
 @jax.tree_util.register_dataclass
@@ -29,5 +29,6 @@ class Model:
         return forward(self.config, self.params, tokens, **kwargs)
 
 
-__all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "Injection", "forward",
-           "init_params", "lm_head", "lm_head_weight", "param_shapes", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "Injection",
+           "forward", "init_params", "lm_head", "lm_head_weight", "param_shapes",
+           "SUPPORTED_MODEL_TYPES"]
