@@ -113,7 +113,7 @@ def resolve_head(path: str | os.PathLike, kind: str) -> Path:
     if isinstance(path, str) and "/" not in path and not Path(path).exists() and path in shipped:
         if not (shipped[path] / HEAD_JSON).is_file():
             raise FileNotFoundError(f"the shipped heads {shipped[path]} are not there (not built yet? see "
-                                    f"train/README.md)")
+                                    f"recipes/README.md)")
         return shipped[path]
     p = Path(path)
     if not p.exists():
@@ -133,7 +133,7 @@ def shipped_target(config, kind: str) -> str:
     for name, folder in shipped_heads(kind).items():
         if json.loads((folder / HEAD_JSON).read_text()).get("target") == want:
             return name
-    raise ValueError(f"no {kind} head is shipped for this target ({want}); train one (train/README.md) "
+    raise ValueError(f"no {kind} head is shipped for this target ({want}); train one (recipes/README.md) "
                      f"and pass its folder")
 
 
