@@ -4,12 +4,12 @@ weight, and its names in Hugging Face checkpoints and GGUF files. Init, sharding
 and the converters read these declarations; draft heads declare theirs the same way
 (`specjax.heads.DECLARED`).
 
-Logical axes name what a dim holds; `specjax.sharding` maps them onto the mesh:
+Logical axes name what a dim holds (per layer: `Stacked` adds the layer axis the forward scans,
+never split); `specjax.sharding` maps them onto the mesh:
 
-    layers    the stacked layer axis (the forward scans it): never split
     vocab     the vocabulary: split over 'model'
-    q_heads   query (or kv) heads x head_dim: split over 'model' in whole heads
-    kv_heads
+    q_heads   query heads x head_dim: split over 'model' in whole heads
+    kv_heads  key/value heads x head_dim: the same
     mlp       the MLP width: split over 'model'
     embed     the model width of a matrix: split over 'data' with FSDP
     None      never split (norm scales, the input side of a square matrix, ...)
@@ -71,13 +71,12 @@ class Stacked:
 
 
 class Leaf(NamedTuple):
-    """A declared parameter as a config has it: its path in the params tree, its declaration,
-    its full shape and axes (stacked ones with the layer axis first)."""
+    """A declared parameter as a config has it: its path in the params tree, its declaration
+    and its full shape (stacked ones with the layer axis first)."""
 
     path: tuple[str, ...]
     param: Param
     shape: tuple[int, ...]
-    axes: tuple[str | None, ...]
 
 
 def leaves(declared: dict, config) -> list[Leaf]:
@@ -86,10 +85,10 @@ def leaves(declared: dict, config) -> list[Leaf]:
     for name, d in declared.items():
         if isinstance(d, Param):
             if d.present(config):
-                out.append(Leaf((name,), d, tuple(d.shape(config)), d.axes))
+                out.append(Leaf((name,), d, tuple(d.shape(config))))
         elif isinstance(d, Stacked):
             n = d.count(config)
-            out += [Leaf((name, *leaf.path), leaf.param, (n, *leaf.shape), ("layers", *leaf.axes))
+            out += [Leaf((name, *leaf.path), leaf.param, (n, *leaf.shape))
                     for leaf in leaves(d.params, d.config_of(config))]
         else:
             out += [leaf._replace(path=(name, *leaf.path)) for leaf in leaves(d, config)]
