@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^(<!-- skip(?:: [^>]*)? -->\n)?```(\w*)\n(.*?)^```$", re.S | re.M)
-MAX_SKIPPED = 12
+MAX_SKIPPED = 6
 
 
 def _blocks(page: Path):
