@@ -10,7 +10,7 @@ import sys
 import time
 
 import specjax as sj
-from specjax.bench.prompts import heldout_prompts
+from specjax.data.prompts import heldout_prompts
 from specjax import methods as registry
 
 repeats, methods = int(sys.argv[1]), sys.argv[2:] or ["ar"]

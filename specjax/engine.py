@@ -24,7 +24,7 @@ import numpy as np
 
 from specjax import sampling, sharding, verify
 from specjax.drafters.base import Context, Drafter, NoDrafter
-from specjax.models import ForwardOutput, KVCache, Model, ModelConfig, forward
+from specjax.models import ForwardOutput, KVCache, Model, ModelConfig
 from specjax.tree import row_gather
 
 
@@ -135,8 +135,7 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
     cache = KVCache.init(model.config, b, cache_len)
     pre = None  # the prefill's hidden states go to the drafter (head drafters start from them)
     if prompts.shape[1] > 1:
-        pre = forward(model.config, model.params, prompts[:, :-1], cache=cache, compute_logits=False,
-                      return_layers=drafter.target_layers)
+        pre = model(prompts[:, :-1], cache=cache, compute_logits=False, return_layers=drafter.target_layers)
         cache = pre.cache
     history = jnp.zeros((b, cache_len), jnp.int32).at[:, : prompts.shape[1]].set(prompts)
     return sharding.constrain_caches(DecodeState(
@@ -200,9 +199,9 @@ def _verify_forward(model: Model, drafter: Drafter, tree, positions: jax.Array, 
     forward per size; nodes are topologically ordered, so the first n form a tree), so a step
     with little to verify costs a small forward. Outputs are padded back to the tree's N."""
     def run(n, write_cache=True):
-        return forward(model.config, model.params, tree.tokens[:, :n], positions=positions[:, :n],
-                       cache=cache, tree_mask=tree.ancestors[:, :n, :n], write_cache=write_cache,
-                       return_layers=drafter.target_layers, inject=inject)
+        return model(tree.tokens[:, :n], positions=positions[:, :n], cache=cache,
+                     tree_mask=tree.ancestors[:, :n, :n], write_cache=write_cache,
+                     return_layers=drafter.target_layers, inject=inject)
 
     sizes, n_max = drafter.tree_sizes, tree.num_nodes
     if len(sizes) == 1:

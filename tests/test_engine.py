@@ -145,7 +145,7 @@ def test_dyspec_needs_slots_scored_before_their_draw(sharp_pair, monkeypatch):
 def tiny_prompts():
     from tokenizers import Tokenizer
 
-    from specjax.bench.prompts import heldout_prompts
+    from specjax.data.prompts import heldout_prompts
     from specjax.convert import resolve
     tok = Tokenizer.from_file(str(resolve("tiny") / "tokenizer.json"))
     ids = [tok.encode(p).ids for p in heldout_prompts(4)]

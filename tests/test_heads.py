@@ -433,7 +433,7 @@ HEAD_SETTINGS = {"medusa": {"num_heads": 2, "own_lm_head": True, "tree_size": 6}
 
 
 def head_config(root, objective, steps):
-    from specjax.train.config import from_dict
+    from specjax.train.run_config import from_dict
 
     return from_dict({
         "model": {"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
@@ -451,7 +451,7 @@ def head_config(root, objective, steps):
 
 @pytest.mark.parametrize("objective", ["medusa1", "medusa2", "eagle", "eagle3"])
 def test_training_lowers_the_loss_and_raises_accuracy(corpus, objective):
-    from specjax.train.data import eval_windows, load_streams
+    from specjax.train.token_windows import eval_windows, load_streams
     from specjax.train.export import export
     from specjax.train.loop import train
     from specjax.train.loop import held_out, score_function

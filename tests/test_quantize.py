@@ -10,7 +10,8 @@ import pytest
 
 from pallas_kernels import QuantizedWeight
 from specjax.models import Model, ModelConfig
-from specjax.quantize import LAYER_MATMULS, quantize
+from specjax.models.params import LAYER
+from specjax.quantize import quantize
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -34,7 +35,7 @@ def model():
 @pytest.mark.parametrize("mode,bound", [("int8", 0.03), ("int4", 0.3)])
 def test_quantized_logits_close_to_float(model, mode, bound):
     quantized = quantize(model, mode, group_size=32)
-    for name in LAYER_MATMULS:
+    for name in [name for name, p in LAYER.items() if p.matmul]:
         w = quantized.params["layers"][name]
         assert isinstance(w, QuantizedWeight) and w.shape == model.params["layers"][name].shape
     assert isinstance(quantized.params["lm_head"], QuantizedWeight)
@@ -53,10 +54,12 @@ def test_int4_is_coarser_than_int8(model):
     assert err4 > 4 * err8
 
 
-def test_tied_model_keeps_its_embedding(model):
+def test_tied_model_keeps_its_embedding_and_quantizes_a_copy_for_the_head(model):
     tied = Model.init(dataclasses.replace(CONFIG, tie_word_embeddings=True), jax.random.key(1))
     quantized = quantize(tied, "int8", group_size=64)
-    assert "lm_head" not in quantized.params
+    assert quantized.params["embed"] is tied.params["embed"]
+    assert isinstance(quantized.params["lm_head"], QuantizedWeight)
+    assert quantized.params["lm_head"].shape == tied.params["embed"].T.shape
     assert relative_error(logits_of(quantized, TOKENS), logits_of(tied, TOKENS)) < 0.03
 
 

@@ -44,6 +44,15 @@ def test_every_named_drafter_rebuilds_with_partition_spec_leaves(name):
     assert type(specs) is type(drafter)
 
 
+def test_every_parameter_is_declared():
+    """The rules read a leaf's logical axes by its name (`specjax.models.params`, the heads'
+    PARAMS): every parameter of the shipped target and heads is declared (d2t is an index map)."""
+    from specjax.drafters import PPD, Clover, Eagle, HiddenTransfer, Medusa
+    trees = [sj.load("tiny").params] + [cls.load("tiny").params for cls in (Eagle, Medusa, Clover, PPD, HiddenTransfer)]
+    names = {path[-1].key for tree in trees for path, _ in jax.tree_util.tree_leaves_with_path(tree)}
+    assert names - set(sharding.AXES) <= {"d2t"}
+
+
 def test_meshes_need_data_and_model_axes():
     params = {"wq": np.zeros((4, 4), np.float32)}
     with pytest.raises(ValueError, match="name their axes 'data' and/or 'model'"):

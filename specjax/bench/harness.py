@@ -60,7 +60,8 @@ class BenchConfig:
 def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> list[tuple[str, list[int]]]:
     """(category, token ids) per prompt: a row with turns in the chat template when the
     tokenizer has one, the raw text otherwise."""
-    from specjax.bench.prompts import prompt_ids, prompt_set
+    from specjax.data.chat import prompt_ids
+    from specjax.data.prompts import prompt_set
     return [(r["category"], prompt_ids(tokenizer, r)) for r in prompt_set(cfg.prompts, cfg.num_prompts)]
 
 

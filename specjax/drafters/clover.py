@@ -140,9 +140,8 @@ class Clover(Drafter):
         """A specjax head folder or 'tiny' (the head shipped for the tiny target). `settings`
         override the saved ones (tree_size, accuracy); with `target`, the head is checked
         against it."""
-        params, meta = ckpt.read_head(ckpt.resolve_head(path, "clover"), "clover", "Clover")
-        kw = {"tree_size": meta.get("tree_size", 16), "accuracy": ckpt.accuracy_table(meta)}
-        d = cls(params, CloverConfig.from_dict(meta["config"]), **{**kw, **settings})
+        params, cfg, stored = ckpt.read_clover(path)
+        d = cls(params, cfg, **{**stored, **settings})
         if target is not None:
             d.check(target)
         return d

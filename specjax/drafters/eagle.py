@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
@@ -214,23 +213,10 @@ class Eagle(Drafter):
         + `model.safetensors`, or `pytorch_model.bin` with allow_pickle=True). EAGLE-3
         checkpoints do not record which target layers they fuse: pass `target_layers` or the
         `target` (EAGLE-3's default taps). With `target`, the head is checked against it."""
-        p = ckpt.resolve_head(path, "eagle")
-        if ckpt.is_head_folder(p):
-            params, meta = ckpt.read_head(p, "eagle", "EAGLE")
-            kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes", "tree")
-                  if k in meta}
-            if settings.get("tree", kw.get("tree")) == "dyspec" and "min_prob" not in settings:
-                kw.pop("min_prob", None)  # a stored top-k tree's confidence gate: DySpec keeps every node
-            d = cls(params, EagleConfig.from_dict(meta["config"]), **{**kw, **settings})
-        else:
-            folder = p if p.is_dir() else p.parent
-            file = ckpt.pick(p, ("model.safetensors", "pytorch_model.bin"), allow_pickle) if p.is_dir() else p
-            if not (folder / "config.json").is_file():
-                raise FileNotFoundError(f"{folder}: a published EAGLE head needs its config.json")
-            hf = json.loads((folder / "config.json").read_text())
-            sd = ckpt.read_tensors(file, allow_pickle)
-            params, cfg = ckpt.eagle_from_state_dict(sd, hf, target, target_layers)
-            d = cls(params, cfg, **settings)
+        params, cfg, stored = ckpt.read_eagle(path, target, target_layers, allow_pickle)
+        if settings.get("tree", stored.get("tree")) == "dyspec" and "min_prob" not in settings:
+            stored.pop("min_prob", None)  # a stored top-k tree's confidence gate: DySpec keeps every node
+        d = cls(params, cfg, **{**stored, **settings})
         if target is not None:
             d.check(target)
         return d

@@ -100,14 +100,5 @@ class Medusa(Drafter):
     def load(cls, path, *, allow_pickle: bool = False, **settings) -> "Medusa":
         """A specjax head folder, 'tiny', or Medusa's published `medusa_lm_head.safetensors`
         (a file or a folder holding it; head count and layers inferred from the keys)."""
-        p = ckpt.resolve_head(path, "medusa")
-        if ckpt.is_head_folder(p):
-            params, meta = ckpt.read_head(p, "medusa", "Medusa")
-            kw = dict(num_layers=meta.get("num_layers", 1), tree_size=meta.get("tree_size", 16),
-                      accuracy=ckpt.accuracy_table(meta))
-            return cls(params, **{**kw, **settings})
-        if p.is_dir():
-            names = ("medusa_lm_head.safetensors", "model.safetensors", "medusa_lm_head.pt")
-            p = ckpt.pick(p, names, allow_pickle)
-        params, layers = ckpt.medusa_from_state_dict(ckpt.read_tensors(p, allow_pickle))
-        return cls(params, **{"num_layers": layers, **settings})
+        params, stored = ckpt.read_medusa(path, allow_pickle)
+        return cls(params, **{**stored, **settings})

@@ -143,9 +143,8 @@ class GuessDrafter(Drafter):
     @classmethod
     def load(cls, path, **settings):
         """A specjax head folder or 'tiny' (the heads shipped for the tiny target)."""
-        params, meta = ckpt.read_head(ckpt.resolve_head(path, cls.name), cls.name, cls.name)
-        meta["accuracy"] = ckpt.accuracy_table(meta)
-        return cls(params, **{**meta, **settings})
+        params, stored = ckpt.read_guesses(path, cls.name)
+        return cls(params, **{**stored, **settings})
 
 
 @jax.tree_util.register_dataclass

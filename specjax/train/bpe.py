@@ -1,19 +1,18 @@
 """A byte-level BPE tokenizer for code, trained with HF `tokenizers`, saved so that
 `transformers.AutoTokenizer.from_pretrained(folder)` loads it.
 
-`python -m specjax.train.tokenizer --out DIR [--vocab-size 4096] [--corpus stdlib]`
+`python -m specjax.train tokenizer --out DIR [--vocab-size 4096] [--corpus stdlib]`
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from specjax.train.corpus import HELD_OUT, list_files, read_text, resolve_root
+from specjax.data.corpus import HELD_OUT, list_files, read_text, resolve_root
 
 EOT = "<|endoftext|>"  # BOS, EOS and document separator; id 0
 PAD = "<|pad|>"  # id 1
@@ -46,13 +45,12 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def load_trained_tokenizer(folder: str | Path) -> Tokenizer:
-    """The raw `tokenizers.Tokenizer` the trainer saved in `folder` (a clear error when it is
-    missing); `specjax.load_tokenizer` gives a model's TextTokenizer."""
+def load_bpe(folder: str | Path) -> Tokenizer:
+    """The tokenizer saved in `folder` (a clear error when it is missing)."""
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(
-            f"tokenizer not found: {path} (build it with `python -m specjax.train.tokenizer --out {folder}`)")
+            f"tokenizer not found: {path} (build it with `python -m specjax.train tokenizer --out {folder}`)")
     return Tokenizer.from_file(str(path))
 
 
@@ -63,17 +61,3 @@ def build_tokenizer(out_dir: str | Path, corpus: str = "stdlib", held_out=None,
     tok = train_tokenizer((read_text(f) for f in train_files), vocab_size)
     save_tokenizer(tok, out_dir)
     return tok
-
-
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m specjax.train.tokenizer", description=__doc__)
-    p.add_argument("--out", required=True, help="folder to write tokenizer.json into")
-    p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--corpus", default="stdlib", help='"stdlib" or a folder of .py files')
-    args = p.parse_args(argv)
-    tok = build_tokenizer(args.out, args.corpus, vocab_size=args.vocab_size)
-    print(f"tokenizer: vocab {tok.get_vocab_size()} from the {args.corpus} corpus -> {args.out}")
-
-
-if __name__ == "__main__":
-    main()

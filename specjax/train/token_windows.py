@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specjax.train.config import DataConfig
-from specjax.train.corpus import list_files, read_text, resolve_root
-from specjax.train.tokenizer import EOT, load_trained_tokenizer
+from specjax.data.corpus import list_files, read_text, resolve_root
+from specjax.train.bpe import EOT, load_bpe
+from specjax.train.run_config import DataConfig
 
 
 def _tokenize(tok, files: list[Path]) -> np.ndarray:
@@ -25,7 +25,7 @@ def _tokenize(tok, files: list[Path]) -> np.ndarray:
 def load_streams(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) token streams, built and cached under `cfg.cache_dir` on first use; the
     cache is rebuilt when the tokenizer or the file lists change."""
-    tok = load_trained_tokenizer(cfg.tokenizer)
+    tok = load_bpe(cfg.tokenizer)
     if tok.get_vocab_size() > np.iinfo(np.uint16).max + 1:
         raise ValueError(f"vocab {tok.get_vocab_size()} does not fit uint16")
     root = resolve_root(cfg.corpus)

@@ -8,7 +8,7 @@
 #      benchmarks/head_tree_choice.py (the fastest against AR on prompts outside both the
 #      training and the benchmark sets; edit TREE after a rerun of that script).
 # Every stage resumes after a kill: rerun the script. 2-core CPU: ~70 + ~40 minutes.
-# Usage: train/make_smollm2_eagle3.sh   (PYTHON=/path/to/python to pick the interpreter)
+# Usage: recipes/make_smollm2_eagle3.sh   (PYTHON=/path/to/python to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -17,7 +17,7 @@ TREE=${TREE:-"2 3 4 0.1 1,2"}  # top_k depth total_tokens min_prob verify_sizes 
 
 $PY -m specjax.train distill --model smollm2 --out runs/smollm2-distill --num-prompts 1500
 $PY -m specjax.train --config configs/smollm2-eagle3.toml
-$PY -m specjax.train --config configs/smollm2-eagle3.toml --export "$OUT"
+$PY -m specjax.train export --config configs/smollm2-eagle3.toml "$OUT"
 read -r K D N P SIZES <<< "$TREE"
 $PY - "$OUT" "$K" "$D" "$N" "$P" "$SIZES" <<'PY'
 import json, sys
@@ -29,5 +29,5 @@ meta = json.loads((out / "head.json").read_text())
 (out / "head.json").write_text(json.dumps({**meta, **tree}, indent=2) + "\n")
 cast_head(out, "bfloat16")
 PY
-cp runs/smollm2-eagle3/curve.png train/smollm2-eagle3_curve.png
+cp runs/smollm2-eagle3/curve.png recipes/smollm2-eagle3_curve.png
 du -h "$OUT"/*

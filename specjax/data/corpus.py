@@ -1,4 +1,6 @@
-"""The training corpus: Python source files, split into train and held-out by module name."""
+"""The code corpus: Python source files (the running interpreter's standard library, or a
+folder), split into train and held-out by module name. Training reads the train files; the
+benchmark's held-out prompts and every validation loss come from the others."""
 
 from __future__ import annotations
 

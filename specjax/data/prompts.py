@@ -1,11 +1,10 @@
-"""Benchmark prompts: held-out standard-library code (for the shipped tiny model, which never
-trained on it), HumanEval, a Spec-Bench-style chat set shipped in `data/chat.jsonl`, or a JSONL
-file.
+"""Prompt sets: held-out standard-library code (for the shipped tiny model, which never
+trained on it), HumanEval, a Spec-Bench-style chat set shipped in `chat.jsonl`, or a JSONL
+file; the benchmark reads them, and training checks it never trains on them.
 
 A prompt is a row `{"id", "category", "turns", "replies", "prompt"}`: `turns` are user
-messages and `replies` the fixed assistant replies between them; `prompt` is raw text. A model
-with a chat template gets a row's turns as messages (`chat_messages`); a model without one, or
-a row with no turns, gets `raw_text` as is.
+messages and `replies` the fixed assistant replies between them; `prompt` is raw text. How a
+row becomes token ids is `specjax.data.chat`.
 """
 
 from __future__ import annotations
@@ -15,10 +14,10 @@ import json
 import re
 from pathlib import Path
 
-from specjax.train.corpus import list_files, read_text, resolve_root
+from specjax.data.corpus import list_files, read_text, resolve_root
 
 _DEF = re.compile(r"^(    )?def \w+\(.*\):\s*$", re.M)
-CHAT_FILE = Path(__file__).resolve().parent / "data" / "chat.jsonl"
+CHAT_FILE = Path(__file__).resolve().parent / "chat.jsonl"
 CHAT_CATEGORIES = ("multi_turn", "translation", "summarization", "qa", "math", "rag")
 HUMANEVAL_ASK = "Complete the following Python function.\n\n```python\n{prompt}```"
 
@@ -115,32 +114,6 @@ def prompt_set(name: str, n: int | None = None) -> list[dict]:
     for i in range(max(len(rs) for rs in by_cat.values())):
         spread += [rs[i] for rs in by_cat.values() if i < len(rs)]
     return spread[:n]
-
-
-def chat_messages(row: dict) -> list[dict]:
-    """The row's user turns with its fixed replies between them, as chat messages."""
-    msgs = []
-    for i, turn in enumerate(row["turns"]):
-        if i:
-            msgs.append({"role": "assistant", "content": row["replies"][i - 1]})
-        msgs.append({"role": "user", "content": turn})
-    return msgs
-
-
-def raw_text(row: dict) -> str:
-    """The row as plain text, for a model with no chat template: `prompt`, else the turns and
-    replies joined by blank lines."""
-    if row.get("prompt"):
-        return row["prompt"]
-    return "\n\n".join(m["content"] for m in chat_messages(row))
-
-
-def prompt_ids(tokenizer, row: dict) -> list[int]:
-    """A row's token ids: its turns through the chat template when the tokenizer has one, the
-    raw text otherwise."""
-    if tokenizer.chat_template is not None and row["turns"]:
-        return list(tokenizer.chat(chat_messages(row)))
-    return list(tokenizer.encode(raw_text(row)))
 
 
 def benchmark_prompt_texts() -> list[str]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild the shipped Medusa-1 and Clover heads for SmolLM2-135M-Instruct
 # (specjax/assets/smollm2-{medusa,clover}) on the same self-distilled data as the EAGLE-3 head
-# (train/make_smollm2_eagle3.sh), on the CPU:
+# (recipes/make_smollm2_eagle3.sh), on the CPU:
 #   1. self-distillation data and its feature cache -> runs/smollm2-distill (shared with EAGLE-3;
 #      done already when that script ran)
 #   2. Medusa-1 (4 heads) and Clover-2 (2-layer block, 4 heads) train on the cache, both drafting
@@ -10,7 +10,7 @@
 #      `benchmarks/head_tree_choice.py --kind medusa|clover` (the fastest against AR on prompts
 #      outside both the training and the benchmark sets; edit the sizes after a rerun of it).
 # Every stage resumes after a kill: rerun the script. 2-core CPU: ~70 min (step 1) + ~15 + ~20 min.
-# Usage: train/make_smollm2_heads.sh   (PYTHON=/path/to/python to pick the interpreter)
+# Usage: recipes/make_smollm2_heads.sh   (PYTHON=/path/to/python to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -20,8 +20,8 @@ CLOVER_TREE=${CLOVER_TREE:-4}
 $PY -m specjax.train distill --model smollm2 --out runs/smollm2-distill --num-prompts 1500
 for kind in medusa clover; do
   $PY -m specjax.train --config configs/smollm2-$kind.toml
-  $PY -m specjax.train --config configs/smollm2-$kind.toml --export specjax/assets/smollm2-$kind
-  cp runs/smollm2-$kind/curve.png train/smollm2-${kind}_curve.png
+  $PY -m specjax.train export --config configs/smollm2-$kind.toml specjax/assets/smollm2-$kind
+  cp runs/smollm2-$kind/curve.png recipes/smollm2-${kind}_curve.png
 done
 $PY - "$MEDUSA_TREE" "$CLOVER_TREE" <<'PY'
 import json, sys

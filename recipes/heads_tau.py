@@ -1,5 +1,5 @@
 """Greedy tau (tokens per target forward) of the shipped head drafters on held-out prompts,
-as Markdown. `TARGET=folder python train/heads_tau.py` (default: the shipped tiny target)."""
+as Markdown. `TARGET=folder python recipes/heads_tau.py` (default: the shipped tiny target)."""
 
 import os
 import sys
@@ -7,12 +7,12 @@ import sys
 import numpy as np
 
 import specjax as sj
+from specjax.data.corpus import list_files, read_text, resolve_root
 from specjax.drafters import PPD, Clover, Eagle, HiddenTransfer, Medusa
-from specjax.train.corpus import list_files, read_text, resolve_root
-from specjax.train.tokenizer import load_trained_tokenizer
+from specjax.train.bpe import load_bpe
 
 target = sj.load(os.environ.get("TARGET", "tiny"))
-tok = load_trained_tokenizer(sys.argv[1] if len(sys.argv) > 1 else "runs/tokenizer")
+tok = load_bpe(sys.argv[1] if len(sys.argv) > 1 else "runs/tokenizer")
 _, held = list_files(resolve_root("stdlib"))
 print(f"Greedy decoding, 64 new tokens from 8 held-out prompts of 64 tokens, target {target.config.num_layers}"
       f" layers / hidden {target.config.hidden_size}.\n")

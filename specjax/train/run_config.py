@@ -7,8 +7,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from specjax.data.corpus import HELD_OUT
 from specjax.models import ModelConfig
-from specjax.train.corpus import HELD_OUT
 
 
 @dataclasses.dataclass(frozen=True)

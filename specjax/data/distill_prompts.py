@@ -4,8 +4,9 @@ topics in `pydoc_data` and the stdlib's module docstrings), generated math word 
 general instructions, and two-turn chats whose first reply is known text (a docstring, a worked
 solution, the passage's own opening). Deterministic from a seed.
 
-Rows have the benchmark's shape (`specjax.bench.prompts`: id, category, turns, replies,
-prompt), so the target sees training prompts rendered exactly as it will see benchmark ones.
+Rows have the benchmark's shape (`specjax.data.prompts`: id, category, turns, replies,
+prompt), so the target sees training prompts rendered (`specjax.data.chat`) exactly as it will
+see benchmark ones.
 The benchmark sets stay out: nothing here is drawn from HumanEval or the chat set, the
 instruction wordings differ from theirs, and the stdlib modules held out of the corpus
 (`corpus.HELD_OUT`) are not used.
@@ -20,7 +21,7 @@ import re
 import textwrap
 from fractions import Fraction
 
-from specjax.train.corpus import list_files, read_text, resolve_root
+from specjax.data.corpus import list_files, read_text, resolve_root
 
 CATEGORIES = {  # category -> share of the prompts
     "code": 0.24, "instruction": 0.14, "summarization": 0.1, "qa": 0.12, "rewrite": 0.08,
