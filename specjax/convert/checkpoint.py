@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 
 from pallas_kernels import QuantizedWeight
 from specjax import sharding
-from specjax.models import Model, ModelConfig, RopeScaling, init_params
+from specjax.models import Model, ModelConfig, RopeScaling, init_params, lm_head_weight
 
 CONFIG_FILE = "specjax_config.json"
 FORMAT_VERSION = 1
@@ -76,6 +76,8 @@ def _abstract_params(config: ModelConfig, quantization: dict | None):
         for path, q in (quantization or {}).items():
             *parents, leaf = path.split("/")
             node = functools.reduce(dict.__getitem__, parents, params)
+            if leaf not in node:  # a tied model's quantized copy of its head
+                node[leaf] = lm_head_weight(config, params)
             node[leaf] = quantize_weight(node[leaf], q["bits"], q["group_size"])
         return params
 

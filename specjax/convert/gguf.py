@@ -2,7 +2,9 @@
 
 Q8_0 and Q4_0 matmul weights load straight into int8 / int4 QuantizedWeight (group size 32, the
 block's one scale per 32 input weights); every other quantized type is dequantized to `dtype`.
-The token embedding is gathered, not multiplied, so it is always dequantized. llama.cpp stores
+The token embedding is gathered, not multiplied, so it is always dequantized; a model with tied
+embeddings also keeps a Q8_0 / Q4_0 embedding as a QuantizedWeight `lm_head` for the head's
+matmul (as llama.cpp reads it). llama.cpp stores
 Gemma's norm weights with the 1 of its (1 + w) scale added: it is taken off again here.
 """
 
@@ -150,6 +152,10 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None) -> Model:
         qw = _quantized([t], config, shapes[name]) if matmul else None
         params[name] = (jax.tree.map(lambda a: a[0], qw) if qw is not None
                         else jnp.asarray(_float(t, config, shapes[name], matmul), dt))
+    if config.tie_word_embeddings:  # the head's matmul reads the Q8_0 / Q4_0 embedding as it is
+        head = _quantized([top["embed"]], config, shapes["embed"][::-1])
+        if head is not None:
+            params["lm_head"] = jax.tree.map(lambda a: a[0], head)
     params["layers"] = {}
     for name, ts in layers.items():
         want, matmul = shapes["layers"][name][1:], LAYER[name].matmul

@@ -21,6 +21,9 @@ from specjax.convert.gguf_tokenizer import gguf_tokenizer
 from specjax.models import Model
 
 
+FORMAT = 2  # what load_gguf writes; a new value converts every GGUF anew (2: a tied Q8_0 / Q4_0 head)
+
+
 def cache_root() -> Path:
     if os.environ.get("SPECJAX_CACHE"):
         return Path(os.environ["SPECJAX_CACHE"])
@@ -31,7 +34,7 @@ def cache_folder(gguf_path: Path) -> Path:
     """Where the conversions of this GGUF (as it is now: same path, size and mtime) live."""
     path = Path(gguf_path).resolve()
     stat = path.stat()
-    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{FORMAT}".encode()).hexdigest()[:16]
     return cache_root() / "gguf" / f"{path.stem}-{key}"
 
 
