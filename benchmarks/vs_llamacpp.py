@@ -26,10 +26,11 @@ from cpu_kernel_curve import host  # noqa: E402
 
 def prompt_ids(prompts: str, n: int) -> list[list[int]]:
     import specjax as sj
-    from specjax.bench.prompts import chat_messages, prompt_set
+    from specjax.data.chat import prompt_ids as row_ids
+    from specjax.data.prompts import prompt_set
 
     tok = sj.load_tokenizer("smollm2")
-    return [tok.chat(chat_messages(row)) for row in prompt_set(prompts, n)]
+    return [row_ids(tok, row) for row in prompt_set(prompts, n)]
 
 
 def run_llamacpp(gguf: str, prompts: list[list[int]], max_new: int, threads: int) -> dict:
@@ -66,7 +67,7 @@ def run_specjax(gguf: str, method: str, prompts: list[list[int]], max_new: int) 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gguf", nargs="+", required=True, help="GGUF files of the same model")
+    p.add_argument("--gguf", nargs="+", default=[], help="GGUF files of the same model")
     p.add_argument("--methods", nargs="+", default=["ar", "prompt-lookup"], help="specjax methods")
     p.add_argument("--prompts", default="chat", help="chat or humaneval")
     p.add_argument("--num-prompts", type=int, default=8)
@@ -82,6 +83,8 @@ def main():
                else run_specjax(gguf, method, prompts, args.max_new_tokens))
         print(json.dumps(out))
         return
+    if not args.gguf:
+        p.error("--gguf: give at least one GGUF file")
     rows = [(g, "llama.cpp", "ar") for g in args.gguf] + [(g, "specjax", m) for g in args.gguf for m in args.methods]
     best: dict[tuple, dict] = {}
     for _ in range(args.repeats):

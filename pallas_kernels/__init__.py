@@ -1,7 +1,9 @@
-"""Pallas kernels used by specjax. Each op folder has reference.py (pure JAX, the definition),
-gpu.py and tpu.py (the kernels) and api.py (picks one for the backend)."""
+"""The kernels used by specjax. Each op folder has reference.py (pure JAX, the definition),
+its kernels (cpu.cc through the XLA FFI, gpu.py and tpu.py in Pallas) and api.py (picks one
+for the backend)."""
 
+from pallas_kernels.matmul import matmul
 from pallas_kernels.quant_matmul import QuantizedWeight, dequantize, quantize, quantized_matmul
 from pallas_kernels.tree_attention import tree_attention
 
-__all__ = ["QuantizedWeight", "dequantize", "quantize", "quantized_matmul", "tree_attention"]
+__all__ = ["QuantizedWeight", "dequantize", "matmul", "quantize", "quantized_matmul", "tree_attention"]

@@ -2,8 +2,10 @@
 
 The layer matmuls (stacked [L, K, N]) and the lm_head [E, V] become QuantizedWeight pytrees
 (leaves stacked on the layer axis); `dense` in the forward then runs the quantized-matmul kernel.
-A model with tied embeddings gets a quantized copy of the head (the embedding's transpose): the
-embedding itself stays float for the gather. Norms and biases stay as they are.
+A model with tied embeddings gets an int8 copy of the head (the embedding's transpose; int8 in
+int4 mode too, as llama.cpp's quantizers keep the output head at higher precision: at int4 it
+doubled the tiny model's logit error): the embedding itself stays float for the gather. Norms and
+biases stay as they are.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
-    def one(name, w):
+    def one(name, w, bits=MODES[mode]):
         if isinstance(w, pallas_kernels.QuantizedWeight):
             raise ValueError(f"{name} is already quantized")
         try:
-            g = group_size if group_size is not None else largest_group(w.shape[-2], MODES[mode])
-            return pallas_kernels.quantize(w, MODES[mode], g)
+            g = group_size if group_size is not None else largest_group(w.shape[-2], bits)
+            return pallas_kernels.quantize(w, bits, g)
         except ValueError as e:
             raise ValueError(f"cannot quantize {name} {tuple(w.shape)}: {e}") from None
 
@@ -52,5 +54,5 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
             node = functools.reduce(dict.__getitem__, parents, params)
             node[name] = one("/".join(leaf.path), node[name])
     if model.config.tie_word_embeddings:  # a quantized copy for the head; the gather stays float
-        params["lm_head"] = one("lm_head", params["embed"].T)
+        params["lm_head"] = one("lm_head", params["embed"].T, bits=8)
     return Model(params, model.config)
