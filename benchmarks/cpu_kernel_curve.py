@@ -17,17 +17,10 @@ import os
 import subprocess
 import sys
 
+from specjax.bench.report import cpu
+
 NODES = (1, 2, 4, 8, 16, 32)
 SLOTS = ((64, 48), (256, 48), (2048, 48), (256, 200), (512, 200), (1024, 200), (2048, 200))
-
-
-def host() -> str:
-    """CPU model, cores and the vector extensions that matter for the kernels."""
-    info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    flags = fields.get("Flags", "").split()
-    vector = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni") if f in flags]
-    return f"{fields.get('Model name', '?').strip()}, {os.cpu_count()} cores, flags: {' '.join(vector)}"
 
 
 def measure(model_name: str, dtype: str) -> dict:
@@ -66,7 +59,7 @@ def main():
             for key, sec in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 best[kernels][key] = min(sec, best[kernels].get(key, float("inf")))
     k, x = best["1"], best["0"]
-    print(f"{args.model} {args.dtype}, batch 1; host: {host()}; least of {args.repeats} interleaved runs\n")
+    print(f"{args.model} {args.dtype}, batch 1; host: {cpu()}, {os.cpu_count()} cores; least of {args.repeats} interleaved runs\n")
     print("| forward | kernels ms | XLA ms | XLA / kernels | kernels vs their 1-token step |")
     print("|---|---|---|---|---|")
     for n in NODES:

@@ -20,8 +20,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-from cpu_kernel_curve import host  # noqa: E402
+from specjax.bench.report import cpu
 
 
 def prompt_ids(prompts: str, n: int) -> list[list[int]]:
@@ -102,7 +101,7 @@ def main():
             print(f"# {engine} {method} {os.path.basename(gguf)}: {out['tokens_per_s']:.1f} tokens/s",
                   file=sys.stderr, flush=True)
     print(f"SmolLM2-135M-Instruct, {args.prompts} set ({args.num_prompts} prompts), batch 1, greedy, "
-          f"{args.max_new_tokens} new tokens, {args.threads} threads; host: {host()}; "
+          f"{args.max_new_tokens} new tokens, {args.threads} threads; host: {cpu()}; "
           f"best of {args.repeats} interleaved runs\n")
     print("| weights | engine | method | tokens/s | vs llama.cpp AR | tau |")
     print("|---|---|---|---|---|---|")

@@ -16,11 +16,29 @@ import numpy as np
 from specjax.bench.harness import BenchConfig
 
 
+def cpu() -> str:
+    """The CPU's model and the vector extensions the CPU kernels build for (hosts of one
+    machine kind differ: only figures taken on one host compare)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    vector = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni") if f in flags]
+    return f"{model} ({' '.join(vector) or 'no AVX2'})"
+
+
 def machine() -> str:
     dev = jax.devices()[0]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = (f"{platform.machine()} {jax.default_backend()} ({dev.device_kind}), {cores} CPU cores, "
-            f"{jax.local_device_count()} device(s), jax {jax.__version__}")
+    kernels = "on" if os.environ.get("SPECJAX_CPU_KERNELS", "1") != "0" else "off"
+    text = (f"{platform.machine()} {jax.default_backend()} ({dev.device_kind}), {cpu()}, {cores} CPU "
+            f"cores, {jax.local_device_count()} device(s), jax {jax.__version__}, CPU kernels {kernels}")
     if "torch" in sys.modules:  # the peer rows ran
         import torch
         import transformers
