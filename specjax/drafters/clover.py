@@ -25,7 +25,7 @@ from specjax.drafters.blocks import feature_cache
 from specjax.heads import clover as clover_head
 from specjax.heads import vocab
 from specjax.heads.clover import CloverConfig
-from specjax.models import Model, lm_head_weight
+from specjax.models import Model, float_lm_head
 from specjax.tree import DraftTree, Template, row_gather
 from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
 
@@ -102,7 +102,7 @@ class Clover(Drafter):
 
     def propose(self, state, ctx: Context, key):
         cfg, params = self.config, self.params
-        b, head = ctx.tokens.shape[0], vocab.lm_head(params, lm_head_weight(ctx.model.config, ctx.model.params))
+        b, head = ctx.tokens.shape[0], vocab.lm_head(params, float_lm_head(ctx.model.config, ctx.model.params))
 
         # 1. catch up: entries [dc, length - 1) read the hidden states of the accepted path.
         run = functools.partial(self._entries, ctx.model)

@@ -23,7 +23,7 @@ from specjax.drafters.base import Context, Drafter
 from specjax.drafters.blocks import feature_cache
 from specjax.heads import eagle as eagle_head
 from specjax.heads.eagle import EagleConfig
-from specjax.models import Model, lm_head_weight
+from specjax.models import Model, float_lm_head
 from specjax.tree import DraftTree, growth, row_gather
 
 TREES = ("topk", "dyspec")
@@ -158,7 +158,7 @@ class Eagle(Drafter):
 
     def propose(self, state, ctx: Context, key):
         cfg, params = self.config, self.params
-        head_w = lm_head_weight(ctx.model.config, ctx.model.params) if cfg.version == 1 else None
+        head_w = float_lm_head(ctx.model.config, ctx.model.params) if cfg.version == 1 else None
         logits = lambda h: eagle_head.logits(cfg, params, h, head_w)
 
         # 1. catch up: entries [dc, length - 1) read the features of the accepted path.

@@ -17,7 +17,7 @@ from specjax.drafters.base import Context, Drafter
 from specjax.drafters.blocks import feature_cache
 from specjax.heads import medusa as medusa_head
 from specjax.heads import vocab
-from specjax.models import Model, lm_head_weight
+from specjax.models import Model, float_lm_head
 from specjax.tree import DraftTree, Template, row_gather
 from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
 
@@ -72,7 +72,7 @@ class Medusa(Drafter):
     def propose(self, state, ctx: Context, key):
         t = self.template
         # heads without their own LM head share the target's
-        head = None if "w2" in self.params else lm_head_weight(ctx.model.config, ctx.model.params)
+        head = None if "w2" in self.params else float_lm_head(ctx.model.config, ctx.model.params)
         logits = medusa_head.apply(self.params, state.hidden, self.num_layers, head)  # [B,K,V]
         top = vocab.target_ids(self.params, jax.lax.top_k(logits, min(t.num_ranks, logits.shape[-1]))[1])
         rank_c = np.minimum(t.rank, top.shape[-1] - 1)

@@ -8,7 +8,7 @@ import jax
 
 from specjax.models.cache import KVCache
 from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
-from specjax.models.llama import ForwardOutput, Injection, forward, lm_head, lm_head_weight
+from specjax.models.llama import ForwardOutput, Injection, float_lm_head, forward, lm_head, lm_head_weight
 from specjax.models.params import init_params, param_shapes
 from specjax.models.target import Target, TargetConfig
 
@@ -31,5 +31,5 @@ class Model:
 
 
 __all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "Injection", "Target",
-           "TargetConfig", "forward", "init_params", "lm_head", "lm_head_weight", "param_shapes",
+           "TargetConfig", "float_lm_head", "forward", "init_params", "lm_head", "lm_head_weight", "param_shapes",
            "SUPPORTED_MODEL_TYPES"]

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import QuantizedWeight, quantized_matmul
+from pallas_kernels import QuantizedWeight, dequantize, quantized_matmul
 from pallas_kernels.matmul import matmul, runs_cpu_kernel
 from pallas_kernels.tree_attention import tree_attention
 from specjax.models.cache import KVCache
@@ -288,6 +288,16 @@ def lm_head_weight(config: ModelConfig, params: dict):
     quantized copy of it (`sj.quantize`, a Q8_0 / Q4_0 GGUF): the embedding stays float for the
     gather, the head's matmul reads the quantized copy."""
     return params["lm_head"] if "lm_head" in params else params["embed"].T
+
+
+def float_lm_head(config: ModelConfig, params: dict) -> jax.Array:
+    """The LM head as a float matrix [E, V], for draft heads that slice or gather its columns:
+    the embedding's transpose when tied (even where a quantized copy serves the target's own
+    matmul), else lm_head, dequantized if it is quantized."""
+    if config.tie_word_embeddings:
+        return params["embed"].T
+    w = params["lm_head"]
+    return dequantize(w) if isinstance(w, QuantizedWeight) else w
 
 
 def lm_head(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.heads import medusa as medusa_head
-from specjax.models import Model, forward, lm_head_weight
+from specjax.models import Model, float_lm_head, forward
 from specjax.models.llama import norm
 from specjax.train import draft_vocab
 from specjax.train.objectives.base import Objective, last_layer
@@ -60,7 +60,7 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
     def init(key, target):
         c = target.config
         params = medusa_head.init(key, s.num_heads, c.hidden_size, c.vocab_size,
-                                  lm_head=lm_head_weight(c, target.params), own_lm_head=s.own_lm_head)
+                                  lm_head=float_lm_head(c, target.params), own_lm_head=s.own_lm_head)
         if joint:
             return {"target": target.params, "heads": jax.tree.map(lambda x: x / s.lr_multiplier, params)}
         return params
