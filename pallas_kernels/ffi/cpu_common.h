@@ -40,8 +40,14 @@ inline vf splat(float x) { return vf{} + x; }
 
 // VL bfloat16 values -> float32 (a bfloat16 is the top half of a float32).
 inline vf load_bf16(const uint16_t* p) {
-  vu wide = __builtin_convertvector(*reinterpret_cast<const vu16_u*>(p), vu) << 16;
-  return reinterpret_cast<vf>(wide);
+#if defined(__AVX512F__)
+  vu wide = reinterpret_cast<vu>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(__AVX2__)
+  vu wide = reinterpret_cast<vu>(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  vu wide = __builtin_convertvector(*reinterpret_cast<const vu16_u*>(p), vu);
+#endif
+  return reinterpret_cast<vf>(wide << 16);
 }
 inline float bf16_to_float(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;
@@ -50,8 +56,16 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
-// VL int8 values, sign-extended to int32.
-inline vi load_i8(const int8_t* p) { return __builtin_convertvector(*reinterpret_cast<const vi8_u*>(p), vi); }
+// VL int8 values, sign-extended to int32 (intrinsics: GCC scalarizes this convertvector).
+inline vi load_i8(const int8_t* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vi>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return reinterpret_cast<vi>(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  return __builtin_convertvector(*reinterpret_cast<const vi8_u*>(p), vi);
+#endif
+}
 inline vf to_float(vi v) { return __builtin_convertvector(v, vf); }
 
 inline float hsum(vf v) {
