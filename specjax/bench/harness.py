@@ -26,10 +26,11 @@ import numpy as np
 from tqdm import tqdm
 
 import specjax as sj
-from specjax import adaptive
+from specjax.adaptive import AdaptiveStats
 from specjax.bench.peers import BATCH1_ONLY, PEERS
 from specjax.bench.peers import SETTINGS as PEER_SETTINGS
 from specjax.drafters.named import NAMED, named_drafter
+from specjax.stats import Stats
 
 LOSSY = {"typical"}  # methods whose output is not the target's law are labelled in the table
 ADAPTIVE = {"adaptive": ("draft-chain", (0, 1, 2, 4)), "adaptive-draft-chain": ("draft-chain", (0, 1, 2, 4)),
@@ -126,7 +127,7 @@ class _Method:
     def __init__(self, name, cfg, model, draft, peers):
         self.name, self.cfg, self.model, self.peers = name, cfg, model, peers
         self.kind = "peer" if name in PEERS else "adaptive" if name in ADAPTIVE else "specjax"
-        self.calibration = {}
+        self.drafter, self.calibrated = None, {}  # calibrated: batch size -> the Adaptive calibrated at it
         if self.kind == "specjax":
             if name.startswith(HEAD_FOLDER):
                 from specjax.drafters import Eagle
@@ -138,7 +139,7 @@ class _Method:
             self.nodes = f"{self.nodes}+{layout.size}" if layout is not None else self.nodes
         elif self.kind == "adaptive":
             base, ks = ADAPTIVE[name]
-            self.adaptive = adaptive.Adaptive(named_drafter(base, model, draft), ks=ks)
+            self.drafter = sj.Adaptive(named_drafter(base, model, draft), ks=ks)
             self.nodes = f"1..{ks[-1] + 1}"
         else:
             self.nodes = "-"
@@ -148,9 +149,9 @@ class _Method:
 
     def prepare(self, groups) -> None:
         """Per batch size, before the warm-up: adaptive measures its step costs and acceptance here."""
-        if self.kind == "adaptive":
-            self.calibration[len(groups[0])] = adaptive.calibrate(
-                self.model, [p for g in groups for p in g], self.adaptive, batch_size=len(groups[0]),
+        if isinstance(self.drafter, sj.Adaptive):
+            self.calibrated[len(groups[0])] = self.drafter.calibrate(
+                self.model, [p for g in groups for p in g], batch_size=len(groups[0]),
                 max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
 
     def decode(self, groups):
@@ -158,12 +159,8 @@ class _Method:
         if self.kind == "peer":
             return [self.peers.decode(self.name, g, n) for g in groups]
         keys = [jax.random.key(self.cfg.seed + i) for i in range(len(groups))]
-        if self.kind == "adaptive":
-            outs = [adaptive.generate(self.model, g, self.adaptive, max_new_tokens=n, temperature=t, key=k,
-                                      calibration=self.calibration[len(g)]) for g, k in zip(groups, keys)]
-        else:
-            outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.drafter, temperature=t, key=k)
-                    for g, k in zip(groups, keys)]
+        outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.calibrated.get(len(g), self.drafter),
+                            temperature=t, key=k) for g, k in zip(groups, keys)]
         return [(o.tokens, o.stats) for o in outs]
 
 
@@ -215,9 +212,9 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
         ar_first = last["ar"][0][0][0]
         for m in here:
             outs = [s for _, s in last[m]]
-            new = sum(int(s["new_tokens"]) for s in outs)
-            committed = sum(s["committed_tokens"] for s in outs)
-            steps = sum(s["steps"] for s in outs)
+            new = sum(int(s.new_tokens) for s in outs)
+            committed = sum(s.committed_tokens for s in outs)
+            steps = sum(s.steps for s in outs)
             tps = new / min(walls[m])  # the least of the repeats: interference only adds time
             ar_tps = tps if m == "ar" else ar_tps
             first = last[m][0][0][0]
@@ -230,7 +227,7 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
                 "tau": committed / max(steps, 1),
                 "acceptance_per_depth": _mean_acceptance(outs) if runners[m].kind != "peer" else [],
                 "tokens_per_s": tps, "speedup": tps / ar_tps,
-                "verifier": outs[0].get("verifier", "transformers greedy"), "lossy": m in LOSSY,
+                "verifier": outs[0].verifier, "lossy": m in LOSSY,
                 "wall_s_min": min(walls[m]), "wall_s_median": statistics.median(walls[m]), "new_tokens": new,
                 "matches_ar_first_prompt": matches,
                 "mem_mb": round(mem[m][0], 1), "mem_source": mem[m][1],
@@ -238,15 +235,15 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
             }
             if m in PEERS:
                 row["settings"] = PEER_SETTINGS[m]
-            if runners[m].kind == "adaptive":
+            if isinstance(outs[0], AdaptiveStats):
                 k_counts = {}
                 for s in outs:
-                    for k, c in s["k_counts"].items():
+                    for k, c in s.k_counts.items():
                         k_counts[k] = k_counts.get(k, 0) + c
-                raced = outs[0]["calibrated_speedup"]  # nan: no race, the rule predicted no win
-                row.update(k_counts=k_counts, speculated=outs[0]["speculated"],
-                           step_costs_ms=[round(c * 1e3, 3) for c in outs[0]["costs"]],
-                           calibrated_rates=[round(r, 3) for r in outs[0]["rates"]],
+                raced = outs[0].calibrated_speedup  # nan: no race, the rule predicted no win
+                row.update(k_counts=k_counts, speculated=outs[0].speculated,
+                           step_costs_ms=[round(c * 1e3, 3) for c in outs[0].costs],
+                           calibrated_rates=[round(r, 3) for r in outs[0].rates],
                            calibrated_speedup=None if math.isnan(raced) else round(raced, 3))
             rows.append(row)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -265,18 +262,18 @@ def skipped(cfg: BenchConfig) -> list[dict]:
             for b in cfg.batches for m in cfg.methods if m in BATCH1_ONLY and b > 1]
 
 
-def _tau_per_category(cats, stats: list[dict]) -> dict[str, float]:
+def _tau_per_category(cats, stats: list[Stats]) -> dict[str, float]:
     """tau over each category's calls (`cats[i]` is call i's category)."""
     sums = {}
     for cat, s in zip(cats, stats):
         c, n = sums.get(cat, (0, 0))
-        sums[cat] = (c + s["committed_tokens"], n + s["steps"])
+        sums[cat] = (c + s.committed_tokens, n + s.steps)
     return {cat: c / max(n, 1) for cat, (c, n) in sums.items()}
 
 
-def _mean_acceptance(stats: list[dict]) -> list[float]:
-    depths = max(len(s["acceptance_per_depth"]) for s in stats)
-    return [float(np.mean([s["acceptance_per_depth"][d] for s in stats if d < len(s["acceptance_per_depth"])]))
+def _mean_acceptance(stats: list[Stats]) -> list[float]:
+    depths = max(len(s.acceptance_per_depth) for s in stats)
+    return [float(np.mean([s.acceptance_per_depth[d] for s in stats if d < len(s.acceptance_per_depth)]))
             for d in range(depths)]
 
 
