@@ -108,9 +108,9 @@ def test_goodput_rule_and_errors(models):
         dataclasses.replace(ad, calibration=adaptive.Calibration([1.0], [0.5]))
     with pytest.raises(ValueError, match="acceptance rates"):
         dataclasses.replace(ad, calibration=adaptive.Calibration([1.0, 1.0], [1.5]))
+    calibrated = dataclasses.replace(ad, calibration=adaptive.Calibration([1.0, 1.0], [0.5]))
     with pytest.raises(ValueError, match="pass verifier=None"):
-        sj.generate(target, PROMPTS, max_new_tokens=4, drafter=dataclasses.replace(ad, calibration=_cal([1, 1], 0.5)),
-                    verifier=sj.verify.Greedy())
+        sj.generate(target, PROMPTS, max_new_tokens=4, drafter=calibrated, verifier=sj.verify.Greedy())
 
 
 def test_draft_cache_catches_up_from_behind(models):
