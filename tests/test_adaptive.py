@@ -43,7 +43,8 @@ def _cal(costs, rate):
 def test_greedy_equals_ar(models, costs, rate, expect):
     target, draft = models
     ref = sj.generate(target, PROMPTS, max_new_tokens=40)
-    ad = sj.Adaptive(DraftModel(draft, mode="chain", k=4), ks=(0, 1, 2, 4), probe_every=4, calibration=_cal(costs, rate))
+    ad = sj.Adaptive(DraftModel(draft, mode="chain", k=4), ks=(0, 1, 2, 4), probe_every=4,
+                     calibration=_cal(costs, rate))
     out = sj.generate(target, PROMPTS, max_new_tokens=40, drafter=ad)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     k = out.stats.k_counts
@@ -62,7 +63,8 @@ def test_self_draft_picks_longest_and_tau(models):
     """Drafting with the target itself: every draft is accepted, so the observed rates climb
     to 1 depth by depth and the loop lengthens the chain as they do."""
     target, _ = models
-    ad = sj.Adaptive(DraftModel(target, mode="chain", k=4), ks=(0, 1, 2, 4), calibration=_cal([1.0, 1.3, 1.6, 1.9], 0.5))
+    ad = sj.Adaptive(DraftModel(target, mode="chain", k=4), ks=(0, 1, 2, 4),
+                     calibration=_cal([1.0, 1.3, 1.6, 1.9], 0.5))
     out = sj.generate(target, PROMPTS, max_new_tokens=60, drafter=ad)
     np.testing.assert_array_equal(out.tokens, sj.generate(target, PROMPTS, max_new_tokens=60).tokens)
     # the calibrated rates 0.5 pick k = 1 for the first segment (8 steps); then r_1 -> 1 picks k = 2,
