@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import specjax as sj
-from specjax.bench.prompts import prompt_ids
+from specjax.data.chat import prompt_ids
+from specjax.data.distill_prompts import build_prompts
 from specjax.drafters import Clover, Eagle, Medusa
-from specjax.train.prompts import build_prompts
 
 # (top_k, depth, total_tokens, min_prob, verify_sizes): 2, 4 and 8 nodes cost 1.30x, 1.50x and 1.81x
 # an AR step here, 12 and 16 2.18x and 2.69x (benchmarks/cpu-smollm2/forward-cost.md); with min_prob the tree

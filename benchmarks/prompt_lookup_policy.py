@@ -7,7 +7,8 @@ python benchmarks/prompt_lookup_policy.py"""
 import numpy as np
 
 import specjax as sj
-from specjax.bench.prompts import chat_messages, prompt_set
+from specjax.data.chat import chat_messages
+from specjax.data.prompts import prompt_set
 
 COST = dict(zip(range(1, 17), np.interp(range(1, 17), [1, 4, 8, 16], [1.0, 1.4, 1.7, 2.4])))
 

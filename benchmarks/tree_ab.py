@@ -10,15 +10,15 @@ import sys
 import time
 
 import specjax as sj
-from specjax.bench.prompts import heldout_prompts
-from specjax.drafters.named import named_drafter
+from specjax.data.prompts import heldout_prompts
+from specjax import methods as registry
 
 repeats, methods = int(sys.argv[1]), sys.argv[2:] or ["ar"]
 model, tok = sj.load("tiny"), sj.load_tokenizer("tiny")
 prompts = [tok.encode(t) for t in heldout_prompts(8)]
 out = {"tree": sj.__file__}
 for name in methods:
-    drafter = named_drafter(name, model)
+    drafter = registry.make(name, model)
     run = lambda: [sj.generate(model, [p], max_new_tokens=128, drafter=drafter) for p in prompts]  # noqa: E731
     res, best = run(), float("inf")
     for _ in range(repeats):

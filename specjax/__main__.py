@@ -7,13 +7,49 @@ import dataclasses
 import sys
 from pathlib import Path
 
+# Weights past any CPU cache: a batch-1 step reads them all from memory, the regime where a step
+# over a few tokens costs little more than over one.
+MEMORY_BOUND_BYTES = 256 << 20
+
+
 class UsageError(Exception):
     """Bad command-line input: reported as one line on stderr with exit code 2."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    from specjax.drafters.named import NAMED
+def default_drafter(target, temperature: float) -> str:
+    """The method `generate` uses without --drafter, the fastest measured for this kind of target
+    and temperature (benchmarks/README.md), never one measured slower than AR: prompt lookup at
+    temperature 0; when sampling, prompt lookup for a target whose weights are memory-bound
+    (MEMORY_BOUND_BYTES or more) and AR for one that fits in cache."""
+    import jax
 
+    if temperature == 0:
+        return "prompt-lookup"
+    weights = sum(leaf.nbytes for leaf in jax.tree.leaves(target.params))
+    return "prompt-lookup" if weights >= MEMORY_BOUND_BYTES else "ar"
+
+
+def _generate_methods() -> dict:
+    """The methods `generate --drafter` takes (a plain name, no constraint needed), by name."""
+    from specjax.methods import METHODS
+
+    return {m.name: m for m in METHODS.values()
+            if m.runner == "drafter" and not m.argument and "constraint" not in m.needs}
+
+
+def _bench_methods() -> dict:
+    """The methods `bench --methods` takes (all but those that need a constraint), by usage."""
+    from specjax.methods import METHODS
+
+    return {u: m for u, m in METHODS.items() if "constraint" not in m.needs}
+
+
+def _listing(methods: dict) -> str:
+    """'name: description; ...' for a --help text (argparse %-formats help strings)."""
+    return "; ".join(f"{name}: {m.description}" for name, m in methods.items()).replace("%", "%%")
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specjax", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -26,8 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--drafter", default=None,
-                   help=f"{', '.join(NAMED)} (default: the fastest measured for the model and temperature, "
-                        f"see specjax/drafters/named.py)")
+                   help=f"the decoding method (default: the fastest measured for the model and temperature): "
+                        f"{_listing(_generate_methods())}")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="render the prompt as a user message with the model's chat template "
                         "(default: when the model has one) and print only the answer")
@@ -45,10 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="replace OUT if it holds a model already")
     bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on a prompt set")
     bn.add_argument("--model", default="tiny")
-    bn.add_argument("--draft", default="tiny-draft", help="draft model for draft-*, adaptive-draft-chain, hf-assisted")
+    bn.add_argument("--draft", default="tiny-draft", help="draft model for the methods that need one: "
+                    + ", ".join(u for u, m in _bench_methods().items() if "draft model" in m.needs))
     bn.add_argument("--methods", nargs="+", default=None,
-                    help="drafter names, adaptive-draft-chain, adaptive-prompt-lookup, hf-ar, hf-assisted, "
-                         "hf-prompt-lookup, eagle:FOLDER (a trained EAGLE head) (default: all)")
+                    help=f"methods to run (default: all with a plain name): {_listing(_bench_methods())}")
     bn.add_argument("--prompts", default="stdlib",
                     help="stdlib (held-out code, for the tiny model; default), humaneval, chat (the "
                          "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")
@@ -80,12 +116,12 @@ def cmd_generate(args) -> None:
 
     import specjax as sj
     from specjax.convert import resolve
-    from specjax.drafters.named import NAMED, default_drafter, named_drafter
+    from specjax import methods
     from specjax.decoding import check_positions
     from specjax.sampling import SamplingParams
 
-    if args.drafter is not None and args.drafter not in NAMED:
-        raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(NAMED)}")
+    if args.drafter is not None and args.drafter not in _generate_methods():
+        raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(_generate_methods())}")
     for flag, text in (("--prompt", args.prompt), ("--system", args.system or "")):
         try:
             text.encode("utf-8")
@@ -122,7 +158,7 @@ def cmd_generate(args) -> None:
     eos = sorted({*tokenizer.eos_token_ids, *([model.config.eos_token_id] if model.config.eos_token_id is not None else [])})
     try:
         check_positions(model.config, len(ids), args.max_new_tokens)  # before the echo
-        drafter = named_drafter(name, model)  # None: plain AR, which a constraint leaves as it is
+        drafter = methods.make(name, model)  # None: plain AR, which a constraint leaves as it is
         if constraint is not None and drafter is not None and drafter.supports_forced:
             drafter = sj.drafters.Forced(drafter)
         steps = sj.stream(model, ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
@@ -184,7 +220,8 @@ def cmd_convert(args) -> None:
 def cmd_bench(args) -> None:
     import shlex
 
-    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, caveat, markdown, run, skipped, write
+    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, run, skipped
+    from specjax.bench.report import caveat, markdown, write
 
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
                       batches=tuple(args.batch), num_prompts=args.num_prompts,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from specjax import sampling, sharding, verify
 from specjax.drafters.base import Context, Drafter
-from specjax.models import ForwardOutput, KVCache, Model, forward
+from specjax.models import ForwardOutput, KVCache, Model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +69,7 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
     cache = KVCache.init(model.config, b, cache_len)
     pre = None  # the prefill's hidden states go to the drafter (head drafters start from them)
     if prompts.shape[1] > 1:
-        pre = forward(model.config, model.params, prompts[:, :-1], cache=cache, compute_logits=False,
-                      return_layers=drafter.target_layers)
+        pre = model(prompts[:, :-1], cache=cache, compute_logits=False, return_layers=drafter.target_layers)
         cache = pre.cache
     history = jnp.zeros((b, cache_len), jnp.int32).at[:, : prompts.shape[1]].set(prompts)
     return sharding.constrain_caches(DecodeState(
@@ -114,19 +113,13 @@ def step(model: Model, drafter: Drafter, state: DecodeState, *, settings: Decode
         cache = cache._replace(lengths=jnp.where(active, cache.lengths, state.cache.lengths))
     with jax.named_scope("update"):
         dstate = drafter.update(dstate, ctx, tree, verdict, out)
-        constraint = constraint.advance(nodes, _at_depth(verdict.path, verdict.num_accepted),
-                                        verdict.next_token, active)
+        constraint = constraint.advance(nodes, verdict.last_node, verdict.next_token, active)
         width = state.accepted_hist.shape[1]
         hist = state.accepted_hist + jax.nn.one_hot(verdict.num_accepted, width, dtype=jnp.int32) * active[:, None]
         state = state._replace(cache=cache, key=key, drafter_state=dstate, accepted_hist=hist,
                                constraint=constraint)
         state = _emit(state, verdict.emitted(tree), verdict.num_accepted + 1, settings)
     return sharding.constrain_caches(state), StepRecord(verdict.num_accepted, active)
-
-
-def _at_depth(path: jax.Array, depth: jax.Array) -> jax.Array:
-    """int32[B]: path[b, depth[b]]."""
-    return jnp.take_along_axis(path, depth[:, None], axis=1)[:, 0]
 
 
 def _verify_forward(model: Model, drafter: Drafter, tree, positions: jax.Array, cache: KVCache,
@@ -136,9 +129,9 @@ def _verify_forward(model: Model, drafter: Drafter, tree, positions: jax.Array, 
     forward per size; nodes are topologically ordered, so the first n form a tree), so a step
     with little to verify costs a small forward. Outputs are padded back to the tree's N."""
     def run(n, write_cache=True):
-        return forward(model.config, model.params, tree.tokens[:, :n], positions=positions[:, :n],
-                       cache=cache, tree_mask=tree.ancestors[:, :n, :n], write_cache=write_cache,
-                       return_layers=drafter.target_layers, inject=inject)
+        return model(tree.tokens[:, :n], positions=positions[:, :n], cache=cache,
+                     tree_mask=tree.ancestors[:, :n, :n], write_cache=write_cache,
+                     return_layers=drafter.target_layers, inject=inject)
 
     sizes, n_max = drafter.tree_sizes, tree.num_nodes
     if len(sizes) == 1:

@@ -8,11 +8,13 @@ as they are.
 
 from __future__ import annotations
 
+import functools
+
 import pallas_kernels
 from pallas_kernels.quant_matmul.weight import GROUP_SIZES
 from specjax.models import Model
+from specjax.models.params import LLAMA, leaves
 
-LAYER_MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 MODES = {"int8": 8, "int4": 4}
 
 
@@ -26,10 +28,11 @@ def largest_group(k: int, bits: int) -> int:
 
 
 def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
-    """The model with its matmul weights quantized to `mode` ("int8" or "int4"), symmetric,
-    one scale per `group_size` input rows and output column. The default (None) takes, per
-    matrix, the largest supported group (of 32, 64, 128) that divides its K: a model whose
-    widths are not multiples of 128 (the shipped tiny's 704) quantizes as is."""
+    """The model with its matmul weights (those declared `matmul` in `specjax.models.params`)
+    quantized to `mode` ("int8" or "int4"), symmetric, one scale per `group_size` input rows and
+    output column. The default (None) takes, per matrix, the largest supported group (of 32,
+    64, 128) that divides its K: a model whose widths are not multiples of 128 (the shipped
+    tiny's 704) quantizes as is."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
@@ -42,10 +45,10 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
         except ValueError as e:
             raise ValueError(f"cannot quantize {name} {tuple(w.shape)}: {e}") from None
 
-    layers = dict(model.params["layers"])
-    for name in LAYER_MATMULS:
-        layers[name] = one(f"layers/{name}", layers[name])
-    params = {**model.params, "layers": layers}
-    if "lm_head" in params:
-        params["lm_head"] = one("lm_head", params["lm_head"])
+    params = {k: dict(v) if isinstance(v, dict) else v for k, v in model.params.items()}  # to set leaves in
+    for leaf in leaves(LLAMA, model.config):
+        if leaf.param.matmul:
+            *parents, name = leaf.path
+            node = functools.reduce(dict.__getitem__, parents, params)
+            node[name] = one("/".join(leaf.path), node[name])
     return Model(params, model.config)

@@ -4,13 +4,14 @@
     model = sj.shard(model, mesh)          # or sj.load(path, mesh=mesh)
     out = sj.generate(model, prompts)      # the same jitted loop, partitioned by XLA (GSPMD)
 
-Parameters are laid out Megatron-style by name: the attention and MLP input projections
-(wq, wk, wv, w_gate, w_up, their biases) split their output dim over 'model', the output
-projections (wo, w_down) their input dim, the embedding and LM head their vocabulary; norms
-and everything unnamed stay replicated. Attention weights split in whole heads; a dim that
-does not split evenly over the axis stays replicated (e.g. 2 kv heads on a 4-way 'model'
-axis). The stacked layer axis is never split. With `fsdp=True` (training) the other matrix
-dim also splits over 'data'. Meshes get Auto axes, so XLA propagates the layout through the
+Parameters are laid out Megatron-style by their declared logical axes (`specjax.models.params`,
+and each head's `PARAMS`), found by leaf name: the attention and MLP input projections (wq, wk,
+wv, w_gate, w_up, their biases) split their output dim over 'model', the output projections
+(wo, w_down) their input dim, the embedding and LM head their vocabulary; norms and everything
+undeclared stay replicated. Attention weights split in whole heads; a dim that does not split
+evenly over the axis stays replicated (e.g. 2 kv heads on a 4-way 'model' axis). The stacked
+layer axis is never split. With `fsdp=True` (training) the model width of a matrix ("embed")
+also splits over 'data'. Meshes get Auto axes, so XLA propagates the layout through the
 library's jitted code unchanged. `generate` traces its loop under the model's mesh
 (`jax.set_mesh`): the KV caches are pinned to batch over 'data' and kv heads over 'model', and
 the Pallas kernels give way to their XLA references, which XLA partitions (a kernel is one
@@ -34,22 +35,18 @@ from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 from jax.tree_util import DictKey
 
-from specjax.heads.eagle import EagleConfig
-from specjax.models import KVCache, ModelConfig
+from specjax import heads
+from specjax.models import KVCache, params
 
 DATA, MODEL = "data", "model"
 
-# name -> (dim split over 'model', dim split over 'data' with fsdp), counted from the end so
-# that stacked layers [L, ...] and single layers read alike.
-_RULES = {
-    "wq": (-1, -2), "wk": (-1, -2), "wv": (-1, -2), "w_gate": (-1, -2), "w_up": (-1, -2),
-    "bq": (-1, None), "bk": (-1, None), "bv": (-1, None),
-    "wo": (-2, -1), "w_down": (-2, -1),
-    "embed": (-2, -1), "lm_head": (-1, -2),
-    "w2": (-1, -2),  # Medusa heads' own LM heads [K, E, V]
-    "w1": (None, -1), "fc_w": (None, -1),  # Medusa ResBlocks, EAGLE's feature fusion
-}
-_HEADS = {"wq", "bq", "wk", "bk", "wv", "bv", "wo"}  # split in whole heads of head_dim
+# logical axis -> the mesh axis it splits over (FSDP: with fsdp=True only)
+RULES = {"vocab": MODEL, "q_heads": MODEL, "kv_heads": MODEL, "mlp": MODEL}
+FSDP_RULES = {"embed": DATA}
+_IN_HEADS = {"q_heads", "kv_heads"}  # split in whole heads of head_dim
+# every declared parameter name -> its logical axes, counted from the last dim (so that stacked
+# layers [L, ...], single layers and a QuantizedWeight's fields read alike)
+AXES = params.axes_by_name(params.LLAMA, *heads.DECLARED)
 
 
 def make_mesh(shape) -> Mesh:
@@ -87,28 +84,29 @@ def _splits(n: int, unit: int, ways: int) -> bool:
 
 def _spec(path, shape, mesh, head_dim, fsdp) -> P:
     names = [k.key for k in path if isinstance(k, DictKey)]
-    name = names[-1] if names else None
-    model_dim, data_dim = _RULES.get(name, (None, None))
+    axes = AXES.get(names[-1], ()) if names else ()
     spec = [None] * len(shape)
-    # whole heads for plain weights; a QuantizedWeight's data/scales (path ends in a field) by size
-    unit = head_dim if head_dim and name in _HEADS and isinstance(path[-1], DictKey) else 1
-    if model_dim is not None and len(shape) >= -model_dim and _splits(shape[model_dim], unit, _size(mesh, MODEL)):
-        spec[model_dim] = MODEL
-    if fsdp and data_dim is not None and len(shape) >= 2 and _splits(shape[data_dim], 1, _size(mesh, DATA)):
-        spec[data_dim] = DATA
+    for dim, axis in zip(range(-1, -len(shape) - 1, -1), reversed(axes)):
+        if axis in RULES:
+            # whole heads for plain weights; a QuantizedWeight's data/scales (path ends in a field) by size
+            unit = head_dim if head_dim and axis in _IN_HEADS and isinstance(path[-1], DictKey) else 1
+            if _splits(shape[dim], unit, _size(mesh, RULES[axis])):
+                spec[dim] = RULES[axis]
+        elif fsdp and axis in FSDP_RULES and len(shape) >= 2 and _splits(shape[dim], 1, _size(mesh, FSDP_RULES[axis])):
+            spec[dim] = FSDP_RULES[axis]
     return P(*spec)
 
 
 def _head_dim(node) -> int | None:
-    """The head size of a Model or an EAGLE head (a node with such a config), else None."""
-    config = getattr(node, "config", None)
-    return config.head_dim if isinstance(config, (ModelConfig, EagleConfig)) else None
+    """The head size of a node whose static config has one (a Model, an EAGLE drafter), else None."""
+    head_dim = getattr(getattr(node, "config", None), "head_dim", None)
+    return head_dim if isinstance(head_dim, int) else None
 
 
 def specs(tree, mesh, *, head_dim: int | None = None, fsdp: bool = False):
     """The PartitionSpec of every array (ShapeDtypeStruct, tracer) in `tree` on `mesh` (a Mesh
-    or an AbstractMesh), by the rules above. Models and EAGLE heads in `tree` split attention
-    in their own heads; `head_dim` does it for bare params dicts."""
+    or an AbstractMesh), by the rules above. Nodes whose config has a head_dim (Models, EAGLE
+    drafters) split attention in their own heads; `head_dim` does it for bare params dicts."""
     def leaf(path, x, hd):
         return _spec(path, np.shape(x), mesh, hd, fsdp)
 

@@ -26,7 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specjax.tree import DraftTree, Verdict
+from specjax.tree import DraftTree, Verdict, row_gather
 
 __all__ = [
     "RSD",
@@ -102,13 +102,7 @@ def _node_probs_of_tokens(x: jax.Array, tree: DraftTree) -> jax.Array:
 
 
 def _verdict(tree: DraftTree, node: jax.Array, next_token: jax.Array) -> Verdict:
-    rows = jnp.arange(tree.batch)
-    return Verdict(tree.paths[rows, node], tree.depth[rows, node], next_token.astype(jnp.int32))
-
-
-def _at(x: jax.Array, node: jax.Array) -> jax.Array:
-    """x[b, node[b]] for x [B, N, ...]."""
-    return x[jnp.arange(x.shape[0]), node]
+    return Verdict(row_gather(tree.paths, node), row_gather(tree.depth, node), next_token.astype(jnp.int32))
 
 
 def _noise(key: jax.Array, b: int, n: int, v: int) -> tuple[jax.Array, jax.Array]:
@@ -132,7 +126,7 @@ class Greedy(Verifier):
         argmax = jax.lax.top_k(p, 1)[1][..., 0]  # ties to the lowest index; faster on CPU
         argmax_par = jnp.take_along_axis(argmax, jnp.maximum(tree.parents, 0), axis=1)
         node = _best_path(tree, tree.tokens == argmax_par)
-        return _verdict(tree, node, _at(argmax, node))
+        return _verdict(tree, node, row_gather(argmax, node))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +156,7 @@ class Typical(Verifier):
                          jnp.log(jnp.maximum(px, 1e-30))[:, None, :], 0.0).sum(-1)
         node = _best_path(tree, ok, logp)
         _, g = _noise(key, tree.batch, 0, p.shape[-1])
-        return _verdict(tree, node, _draw(_at(p, node), g))
+        return _verdict(tree, node, _draw(row_gather(p, node), g))
 
 
 # ---- speculative sampling on a chain -----------------------------------------------------------
@@ -196,8 +190,9 @@ class SpeculativeSampling(Verifier):
         accept = link & (u * qx < _parent_probs_of_tokens(tree, p))
         last = jnp.cumprod(accept[:, 1:], axis=1).sum(-1).astype(jnp.int32)  # accepted prefix
         nxt = jnp.minimum(last + 1, n - 1)
-        rejected = (last + 1 < n) & _at(link, nxt)
-        dist = jnp.where(rejected[:, None], _residual(_at(p, last), _at(tree.q, nxt)), _at(p, last))
+        rejected = (last + 1 < n) & row_gather(link, nxt)
+        p_last = row_gather(p, last)
+        dist = jnp.where(rejected[:, None], _residual(p_last, row_gather(tree.q, nxt)), p_last)
         return _verdict(tree, last, _draw(dist, g))
 
 
@@ -226,7 +221,7 @@ class _SiblingWalk(Verifier):
             x = tree.tokens[:, j]
             q_x = self._draft_law(tree.q[:, j] if self.needs_q else None, x, tried)
             is_try = tree.valid[:, j] & (tree.parents[:, j] == cur)
-            accept = is_try & (u[:, j] * _take(q_x, x) < _take(p_cur, x))
+            accept = is_try & (u[:, j] * row_gather(q_x, x) < row_gather(p_cur, x))
             reject = is_try & ~accept
             p_cur = jnp.where(accept[:, None], p[:, j],
                               jnp.where(reject[:, None], self._residual(p_cur, q_x), p_cur))
@@ -237,11 +232,6 @@ class _SiblingWalk(Verifier):
         init = (jnp.zeros((b,), jnp.int32), p[:, 0], jnp.zeros((b, v), bool))
         cur, p_cur, _ = jax.lax.fori_loop(1, n, step, init)
         return _verdict(tree, cur, _draw(p_cur, g))
-
-
-def _take(x: jax.Array, idx: jax.Array) -> jax.Array:
-    """x[b, idx[b]] for x [B, V]."""
-    return jnp.take_along_axis(x, idx[:, None], axis=1)[:, 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,7 +318,7 @@ class SpecTr(Verifier):
             children = tree.valid & (tree.parents == cur[:, None]) & ~stop[:, None]
             k_here = children.sum(-1).astype(jnp.float32)
             first = jnp.argmax(children, axis=-1)
-            rho_here = self._rho(_at(p, cur), _at(tree.q, first), jnp.maximum(k_here, 1.0))
+            rho_here = self._rho(row_gather(p, cur), row_gather(tree.q, first), jnp.maximum(k_here, 1.0))
             accept = children & (u * rho_here[:, None] * qx < px)
             moved = accept.any(-1)
             now_stop = ~stop & ~moved
@@ -338,8 +328,8 @@ class SpecTr(Verifier):
 
         init = (jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), jnp.ones((b,)), jnp.zeros((b,)))
         cur, _, rho, k = jax.lax.fori_loop(0, tree.max_depth + 1, descend, init)
-        p_cur = _at(p, cur)
-        q_cur = _at(tree.q, jnp.argmax(tree.valid & (tree.parents == cur[:, None]), axis=-1))
+        p_cur = row_gather(p, cur)
+        q_cur = row_gather(tree.q, jnp.argmax(tree.valid & (tree.parents == cur[:, None]), axis=-1))
         dist = jnp.where((k > 0)[:, None], self._p_res(p_cur, q_cur, rho, k), p_cur)
         return _verdict(tree, cur, _draw(dist, g))
 

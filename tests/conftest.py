@@ -82,7 +82,7 @@ CODE = '''def f{i}(x, y={i}):
 def code_corpus(tmp_path_factory):
     """A tiny training corpus: src/m0..m3.py (m3 held out by the tests' configs), held.py, and
     a 300-token BPE tokenizer trained on src in tok/."""
-    from specjax.train.tokenizer import save_tokenizer, train_tokenizer
+    from specjax.train.bpe import save_tokenizer, train_tokenizer
 
     root = tmp_path_factory.mktemp("corpus")
     (root / "src").mkdir()

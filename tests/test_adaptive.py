@@ -13,6 +13,7 @@ import specjax as sj
 from specjax import adaptive, decoding, engine
 from specjax.constraints import Unconstrained
 from specjax.drafters import DraftModel, PromptLookup
+from specjax.drafters.draft_model import DraftModelState
 from specjax.models import KVCache
 
 
@@ -128,7 +129,8 @@ def test_draft_cache_catches_up_from_behind(models):
     def run(prompts, lengths):
         state = engine.prefill(target, drafter, prompts, lengths, jax.random.key(0), settings=plan.settings,
                                cache_len=plan.cache_len, constraint=Unconstrained())
-        state = state._replace(drafter_state=KVCache.init(target.config, len(prompts), plan.cache_len))
+        empty = KVCache.init(target.config, len(prompts), plan.cache_len)
+        state = state._replace(drafter_state=DraftModelState(empty))
         for _ in range(3):
             state, _ = engine.step(target, drafter, state, settings=plan.settings, verifier=plan.verifier)
         return state.accepted_hist

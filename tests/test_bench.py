@@ -15,7 +15,8 @@ import pytest
 
 import specjax as sj
 from specjax.__main__ import main
-from specjax.bench.harness import BenchConfig, _tokenized_prompts, caveat, run, skipped, write
+from specjax.bench.harness import BenchConfig, _tokenized_prompts, run, skipped
+from specjax.bench.report import caveat, write
 from specjax.convert import ASSETS, resolve
 from specjax.tokenizer import load_tokenizer
 
@@ -27,8 +28,8 @@ METHODS = ["ar", "adaptive-prompt-lookup", "hf-ar", "hf-assisted", "hf-prompt-lo
 
 def _stand_in(root: Path) -> tuple[str, str]:
     """A random target and a smaller random draft (HF folders sharing one tokenizer)."""
-    from specjax.bench.prompts import heldout_prompts
-    from specjax.train.tokenizer import save_tokenizer, train_tokenizer
+    from specjax.data.prompts import heldout_prompts
+    from specjax.train.bpe import save_tokenizer, train_tokenizer
     tok = train_tokenizer(heldout_prompts(16), vocab_size=300)
     paths = []
     for name, hidden, layers, seed in (("target", 32, 2, 0), ("draft", 16, 1, 1)):

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from specjax.bench.prompts import (CHAT_CATEGORIES, benchmark_prompt_texts, chat_messages, chat_prompts,
-                                   humaneval_prompts, load_prompts, prompt_set, raw_text)
+from specjax.data.chat import chat_messages, raw_text
+from specjax.data.prompts import (CHAT_CATEGORIES, benchmark_prompt_texts, chat_prompts, humaneval_prompts,
+                                  load_prompts, prompt_set)
 
 
 def _well_formed(rows):

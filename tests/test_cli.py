@@ -91,14 +91,17 @@ def one_line_error(capsys, argv) -> str:
     return out, err
 
 
-def test_help_lists_every_named_drafter(capsys, monkeypatch):
-    from specjax.drafters.named import NAMED
+def test_help_lists_every_drafter_method(capsys, monkeypatch):
+    from specjax.methods import METHODS
 
     monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps at hyphens ("hidden- transfer")
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert all(f"{name}," in text or f"{name} (default" in text for name in NAMED), text
+    drafters = [m for m in METHODS.values()
+                if m.runner == "drafter" and not m.argument and "constraint" not in m.needs]
+    assert all(f"{m.name}: {m.description}" in text for m in drafters), text
+    assert "forced:" not in text  # needs a constraint: the structured bench's, not --drafter's
 
 
 def test_prompt_longer_than_the_context_fails_before_the_echo(capsys):

@@ -103,7 +103,7 @@ def test_bad_heads_fail_clearly(target, tmp_path):
 
 
 def test_training_lowers_the_loss_and_raises_accuracy(code_corpus):
-    from specjax.train.data import eval_windows, load_streams
+    from specjax.train.token_windows import eval_windows, load_streams
     from specjax.train.export import export
     from specjax.train.loop import train
     from specjax.train.loop import held_out, score_function

@@ -132,9 +132,9 @@ def test_dyspec_needs_slots_scored_before_their_draw(sharp_pair, monkeypatch):
     """Negative control for DySpec: scoring a sampled slot by its own child's draft probability
     (EAGLE-2's key) lets a child's token decide whether it is drafted, and RSD is no longer
     exact; the test above has the power to see it."""
-    from specjax.drafters import dyspec
+    from specjax.tree import growth
     target, draft = sharp_pair
-    monkeypatch.setattr(dyspec, "_slot_gain", lambda child_q, greedy: child_q)
+    monkeypatch.setattr(growth, "_slot_gain", lambda child_q, greedy: child_q)
     jax.clear_caches()  # programs are traced with the wrong score here, and only here
     params = SamplingParams(temperature=1.0)
     counts = sampled_joint(target, DraftModel(draft, mode="dyspec", width=3, depth=1), sj.verify.RSD(), params)
@@ -148,7 +148,7 @@ def test_dyspec_needs_slots_scored_before_their_draw(sharp_pair, monkeypatch):
 def tiny_prompts():
     from tokenizers import Tokenizer
 
-    from specjax.bench.prompts import heldout_prompts
+    from specjax.data.prompts import heldout_prompts
     from specjax.convert import resolve
     tok = Tokenizer.from_file(str(resolve("tiny") / "tokenizer.json"))
     ids = [tok.encode(p).ids for p in heldout_prompts(4)]
@@ -159,12 +159,12 @@ def tiny_prompts():
                                   "prompt-lookup", "lookahead", "recycling", "sam", "sam-recycling", "rasd",
                                   "aded"])
 def test_greedy_equals_autoregressive_on_the_shipped_model(name, tiny_prompts):
-    from specjax.drafters.named import named_drafter
+    from specjax import methods
     tiny = sj.load("tiny")
     batches = (tiny_prompts[:1], tiny_prompts) if name == "draft-chain" else (tiny_prompts,)
     for prompts in batches:
         want = sj.generate(tiny, prompts, max_new_tokens=20)
-        got = sj.generate(tiny, prompts, max_new_tokens=20, drafter=named_drafter(name, tiny))
+        got = sj.generate(tiny, prompts, max_new_tokens=20, drafter=methods.make(name, tiny))
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=name)
 
 

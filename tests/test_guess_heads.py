@@ -98,7 +98,7 @@ def test_bad_settings_fail_clearly(target):
 def test_training_lowers_the_loss(code_corpus, objective):
     """Held-out KL to the target's future distributions, on fixed windows, before and after 30
     steps (the random target is near-uniform, so the KL starts small)."""
-    from specjax.train.data import eval_windows, load_streams
+    from specjax.train.token_windows import eval_windows, load_streams
     from specjax.train.export import export
     from specjax.train.loop import train
     from specjax.train.objectives import make_objective

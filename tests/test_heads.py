@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 
 import specjax as sj
 from specjax.drafters import Eagle, Medusa
-from specjax.drafters.sparse_tree import medusa_tree
+from specjax.tree.sparse import medusa_tree
 from specjax.heads import eagle as eh
 from specjax.heads import medusa as mh
 
@@ -401,7 +401,7 @@ def test_a_wrong_eagle_dyspec_is_detected(wrong, monkeypatch):
     """Negative controls, each must fail the test above: scoring a sampled slot by its own
     child's draft probability (EAGLE-2's key lets a child's token decide where it is drafted),
     or SpecInfer's rule (for i.i.d. children) on children drawn without replacement."""
-    from specjax.drafters import dyspec
+    from specjax.tree import growth
     from tests.exactness import chi_square_pvalue, exact_joint, sampled_joint, sharp_model
 
     target = sharp_model(3)
@@ -409,7 +409,7 @@ def test_a_wrong_eagle_dyspec_is_detected(wrong, monkeypatch):
     if wrong == "SpecInfer":
         drafter, verifier = sharp_eagle(target, 1, depth=2, total_tokens=5), sj.verify.SpecInfer()
     else:
-        monkeypatch.setattr(dyspec, "_slot_gain", lambda child_q, greedy: child_q)
+        monkeypatch.setattr(growth, "_slot_gain", lambda child_q, greedy: child_q)
         jax.clear_caches()  # programs are traced with the wrong score here, and only here
         drafter, verifier = sharp_eagle(target, 1, depth=1, total_tokens=4), sj.verify.RSD()
     counts = sampled_joint(target, drafter, verifier, params)
@@ -433,7 +433,7 @@ HEAD_SETTINGS = {"medusa": {"num_heads": 2, "own_lm_head": True, "tree_size": 6}
 
 
 def head_config(root, objective, steps):
-    from specjax.train.config import from_dict
+    from specjax.train.run_config import from_dict
 
     return from_dict({
         "model": {"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
@@ -451,7 +451,7 @@ def head_config(root, objective, steps):
 
 @pytest.mark.parametrize("objective", ["medusa1", "medusa2", "eagle", "eagle3"])
 def test_training_lowers_the_loss_and_raises_accuracy(corpus, objective):
-    from specjax.train.data import eval_windows, load_streams
+    from specjax.train.token_windows import eval_windows, load_streams
     from specjax.train.export import export
     from specjax.train.loop import train
     from specjax.train.loop import held_out, score_function
@@ -504,7 +504,7 @@ def test_eagle_objectives_take_cached_target_features(corpus, objective):
 @pytest.mark.parametrize("name", ["medusa", "eagle", "clover", "ppd", "hidden-transfer"])
 def test_shipped_heads_speed_up_the_shipped_target(name):
     from specjax.convert import ASSETS
-    from specjax.drafters.named import named_drafter
+    from specjax import methods
 
     if not (ASSETS / "tiny" / "config.json").is_file() or not (ASSETS / f"tiny-{name}" / "head.json").is_file():
         pytest.skip("the shipped tiny target or heads are not built")
@@ -512,7 +512,7 @@ def test_shipped_heads_speed_up_the_shipped_target(name):
     prompts = [[int(t) for t in row] for row in np.random.default_rng(0).integers(2, 4096, (2, 12))]
     prompts = [RAGGED[0] + prompts[0], prompts[1][:5]]
     want = sj.generate(tiny, prompts, max_new_tokens=24)
-    got = sj.generate(tiny, prompts, max_new_tokens=24, drafter=named_drafter(name, tiny))
+    got = sj.generate(tiny, prompts, max_new_tokens=24, drafter=methods.make(name, tiny))
     np.testing.assert_array_equal(got.tokens, want.tokens)
     assert got.stats.tau > 1.2, got.stats  # drafts are accepted (PPD, the weakest, reaches 1.26)
 
@@ -543,13 +543,13 @@ def test_shipped_heads_are_found_by_the_target_they_were_trained_for(target, tmp
     """A head records its target's shape; the named eagle takes the head shipped for that shape
     (tiny's for tiny) and names the shape when none is shipped; a saved head keeps the record."""
     from specjax.convert import heads as ckpt
-    from specjax.drafters.named import named_drafter
+    from specjax import methods
 
     tiny = sj.load("tiny")
     assert ckpt.shipped_target(tiny.config, "eagle") == "tiny"
-    assert named_drafter("eagle", tiny).config.hidden_size == tiny.config.hidden_size
+    assert methods.make("eagle", tiny).config.hidden_size == tiny.config.hidden_size
     with pytest.raises(ValueError, match="no eagle head is shipped for this target.*'hidden_size': 32"):
-        named_drafter("eagle", target)
+        methods.make("eagle", target)
     with pytest.raises(FileNotFoundError, match=r"shipped eagle heads: \[.*'tiny'"):
         Eagle.load("no-such-target")
     head_drafters(target)["eagle3"].save(tmp_path, target)

@@ -10,7 +10,8 @@ import pytest
 
 from pallas_kernels import QuantizedWeight
 from specjax.models import Model, ModelConfig
-from specjax.quantize import LAYER_MATMULS, quantize
+from specjax.models.params import LAYER
+from specjax.quantize import quantize
 
 CONFIG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=128,
                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -34,7 +35,7 @@ def model():
 @pytest.mark.parametrize("mode,bound", [("int8", 0.03), ("int4", 0.3)])
 def test_quantized_logits_close_to_float(model, mode, bound):
     quantized = quantize(model, mode, group_size=32)
-    for name in LAYER_MATMULS:
+    for name in [name for name, p in LAYER.items() if p.matmul]:
         w = quantized.params["layers"][name]
         assert isinstance(w, QuantizedWeight) and w.shape == model.params["layers"][name].shape
     assert isinstance(quantized.params["lm_head"], QuantizedWeight)

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer
 
 import specjax as sj
-from specjax.bench.prompts import heldout_prompts
 from specjax.convert import resolve
+from specjax.data.prompts import heldout_prompts
 
 # int4, group 32, on held-out code (measured: mean 0.024, p99 0.097, argmax agreement 0.96):
 INT4_MEAN_ERR, INT4_P99_ERR, INT4_ARGMAX_AGREEMENT = 0.05, 0.15, 0.9  # errors in logit std units

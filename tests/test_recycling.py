@@ -9,7 +9,8 @@ import pytest
 
 import specjax as sj
 from specjax.drafters import Context, TokenRecycling
-from specjax.drafters.recycling import TEMPLATE_222, _layout
+from specjax.drafters.recycling import TEMPLATE_222, RecyclingState
+from specjax.tree.template import parse
 from specjax.models import ForwardOutput
 from specjax.sampling import SamplingParams
 from specjax.tree import DraftTree, Verdict
@@ -24,13 +25,14 @@ def target(random_target):
 
 
 def test_default_template_is_222():
-    parents, ranks, depth = _layout(TEMPLATE_222)
-    assert len(parents) == 81 and np.bincount(depth).tolist() == [1, 8, 21, 25, 15, 8, 3]
+    t = parse(TEMPLATE_222)
+    parents, ranks = t.parents, t.rank
+    assert len(parents) == 81 and np.bincount(t.depth).tolist() == [1, 8, 21, 25, 15, 8, 3]
     d = TokenRecycling()
     assert d.num_nodes == 81 and d.max_depth == 6 and d.topk == 8
     # the same tree as parent indices: node i's rank is its order among its siblings
     same = TokenRecycling(template=tuple(parents.tolist()))
-    np.testing.assert_array_equal(_layout(same.template)[1], ranks)
+    np.testing.assert_array_equal(parse(same.template).rank, ranks)
 
 
 def test_template_errors(target):
@@ -56,7 +58,7 @@ def test_template_fill():
     drafter = TokenRecycling(topk=k, template=((0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0),
                                                (1, 1), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)))
     propose = jax.jit(lambda adj, tokens, length: drafter.propose(
-        adj, Context(tokens, length, SamplingParams()), jax.random.key(0))[0])
+        RecyclingState(adj), Context(tokens, length, SamplingParams()), jax.random.key(0))[0])
     tree = propose(jnp.asarray(adj)[None], jnp.array([[6, 4, 0]]), jnp.array([2]))
     want_tokens = [4, 7, 2, 7, 1, 5, 0, 9, 0, 1, 3, 3, 0]
     want_valid = [1, 1, 1, 0, 1, 1, 0, 1, 0, 0, 1, 0, 0]
@@ -77,7 +79,7 @@ def test_update_writes_topk_of_every_node():
     logits = jax.random.normal(jax.random.key(1), (b, n, v))
     out = ForwardOutput(logits, None, None, None)
     adj0 = jnp.full((b, v, k), -1, jnp.int32)
-    adj = np.asarray(jax.jit(drafter.update)(adj0, None, tree, verdict, out))
+    adj = np.asarray(jax.jit(drafter.update)(RecyclingState(adj0), None, tree, verdict, out).adj)
     top = np.argsort(-np.asarray(logits), axis=-1)[..., :k]
     for row, writers in enumerate([{3: 0, 5: 1, 6: 4, 9: 3}, {1: 0, 2: 1, 4: 2}]):
         for tok in range(v):
@@ -90,7 +92,7 @@ def test_init_seeds_prompt_bigrams(target):
     lengths = jnp.array([4, 2])
     hot = jnp.full((64, 3), -1, jnp.int32).at[1].set(jnp.array([7, 8, 9]))
     drafter = TokenRecycling(topk=3, template=SMALL, adj=hot)
-    adj = np.asarray(jax.jit(drafter.init, static_argnums=3)(target, prompts, lengths, 16))
+    adj = np.asarray(jax.jit(drafter.init, static_argnums=3)(target, prompts, lengths, 16).adj)
     np.testing.assert_array_equal(adj[0, 1], [3, 7, 8])  # newest successor first, hot start shifted
     np.testing.assert_array_equal(adj[0, 2], [1, -1, -1])
     np.testing.assert_array_equal(adj[0, 3], [-1, -1, -1])  # the last token has no successor yet

@@ -1,4 +1,4 @@
-"""Self-distillation data (`specjax.train.prompts`, `selfdistill`, `features`, `draft_vocab`):
+"""Self-distillation data (`specjax.data.distill_prompts`, `selfdistill`, `features`, `draft_vocab`):
 the training prompts leave the benchmarks out; answer shards on the tiny target are its own
 output and resume after a kill; the feature cache equals a direct forward; the draft vocabulary."""
 
@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 import specjax as sj
+from specjax.data.distill_prompts import CATEGORIES, build_prompts
 from specjax.models import forward
 from specjax.train import shards
 from specjax.train.draft_vocab import coverage, draft_vocabulary, token_counts
 from specjax.train.features import cache_features
-from specjax.train.prompts import CATEGORIES, build_prompts
-from specjax.train.selfdistill import DistillConfig, generate_answers, main, sequences
+from specjax.train.__main__ import main as cli
+from specjax.train.selfdistill import DistillConfig, generate_answers, sequences
 
 NGRAM = 50
 
@@ -33,7 +34,7 @@ def _leaks(rows, bench: set) -> list[str]:
 
 
 def test_training_prompts_are_varied_deterministic_and_leave_the_benchmarks_out():
-    from specjax.bench.prompts import benchmark_prompt_texts
+    from specjax.data.prompts import benchmark_prompt_texts
 
     rows = build_prompts(3000, seed=0)
     assert build_prompts(300, seed=0) == rows[:300] != build_prompts(300, seed=1)
@@ -43,7 +44,7 @@ def test_training_prompts_are_varied_deterministic_and_leave_the_benchmarks_out(
     bench = _ngrams(benchmark_prompt_texts())
     assert _leaks(rows, bench) == []
     # negative control: a benchmark passage pasted into a prompt is caught
-    from specjax.bench.prompts import chat_prompts
+    from specjax.data.prompts import chat_prompts
 
     passage = chat_prompts(["summarization"])[0]["turns"][0].split("\n\n", 1)[1][40:200]
     planted = [{**rows[0], "turns": [f"Summarize this text.\n\n{passage}"]}]
@@ -148,9 +149,10 @@ def test_draft_vocabulary_keeps_the_most_frequent_ids():
         draft_vocabulary(counts, 0)
 
 
-@pytest.mark.parametrize("args", [["--temperatures", "0,-1"], ["--num-prompts", "0"], ["--top-k", "0"]])
+@pytest.mark.parametrize("args", [["distill", "--temperatures", "0,-1"], ["distill", "--num-prompts", "0"],
+                                  ["distill", "--top-k", "0"], ["features"]])  # features: no answers there
 def test_distill_cli_rejects_bad_settings(args, tmp_path, capsys):
-    assert main(["--model", "tiny", "--out", str(tmp_path), *args]) == 2
+    assert cli([args[0], "--model", "tiny", "--out", str(tmp_path), *args[1:]]) == 2
     assert capsys.readouterr().err.startswith("error: ")
 
 
@@ -181,7 +183,7 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
     import dataclasses
 
     from specjax.drafters import Eagle
-    from specjax.train.config import from_dict
+    from specjax.train.run_config import from_dict
     from specjax.train.export import export
     from specjax.train.feature_windows import FeatureWindows
     from specjax.train.loop import train
@@ -244,14 +246,12 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
         make_objective(from_dict({**raw, "heads": {**raw["heads"], "token_counts": str(tmp_path / "nowhere.npy")}}))
     import tomli_w
 
-    from specjax.train.__main__ import main as train_cli
-
     cfg = tmp_path / "missing.toml"
     model_section = {k: v for k, v in raw["model"].items() if v is not None}  # TOML has no null
     cfg.write_text(tomli_w.dumps({**raw, "model": model_section,
                                   "data": {**raw["data"], "features": str(tmp_path / "nowhere")}}))
     capsys.readouterr()
-    assert train_cli(["--config", str(cfg), "--no-progress"]) == 2
+    assert cli(["--config", str(cfg), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not a feature cache" in err and err.count("\n") == 1, err
 
@@ -264,7 +264,7 @@ def test_medusa_and_clover_train_on_the_feature_cache_with_a_reduced_vocabulary(
     import dataclasses
 
     from specjax.drafters import Clover, Medusa
-    from specjax.train.config import from_dict
+    from specjax.train.run_config import from_dict
     from specjax.train.export import export
     from specjax.train.loop import train
 

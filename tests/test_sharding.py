@@ -15,7 +15,7 @@ import pytest
 
 import specjax as sj
 from specjax import sharding
-from specjax.drafters.named import NAMED, named_drafter
+from specjax import methods
 from specjax.train.__main__ import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,14 +33,24 @@ def test_the_sharded_suite_on_8_cpu_devices():
     assert " passed" in report and "skipped" not in report, report
 
 
-@pytest.mark.parametrize("name", [n for n in NAMED if n != "ar"])
+@pytest.mark.parametrize("name", [u for u, m in methods.METHODS.items()
+                                  if m.runner == "drafter" and u != "ar" and not m.argument])
 def test_every_named_drafter_rebuilds_with_partition_spec_leaves(name):
     """`sharding.specs` maps a drafter's leaves to PartitionSpecs, and pytree unflattening re-runs
     its __post_init__: validation there must read static fields only (a Hidden Transfer check of
     its weights' shapes once broke every sharded Hidden Transfer run)."""
-    drafter = named_drafter(name, sj.load("tiny"))
+    drafter = methods.make(name, sj.load("tiny"))
     specs = sharding.specs(drafter, sharding.make_mesh((1, 1)))
     assert type(specs) is type(drafter)
+
+
+def test_every_parameter_is_declared():
+    """The rules read a leaf's logical axes by its name (`specjax.models.params`, the heads'
+    PARAMS): every parameter of the shipped target and heads is declared (d2t is an index map)."""
+    from specjax.drafters import PPD, Clover, Eagle, HiddenTransfer, Medusa
+    trees = [sj.load("tiny").params] + [cls.load("tiny").params for cls in (Eagle, Medusa, Clover, PPD, HiddenTransfer)]
+    names = {path[-1].key for tree in trees for path, _ in jax.tree_util.tree_leaves_with_path(tree)}
+    assert names - set(sharding.AXES) <= {"d2t"}
 
 
 def test_meshes_need_data_and_model_axes():

@@ -16,7 +16,8 @@ import pytest
 import specjax as sj
 from specjax.convert.heads import shipped_target
 from specjax.drafters import Eagle
-from specjax.drafters.named import default_drafter, named_drafter
+from specjax import methods
+from specjax.__main__ import default_drafter
 from specjax.sampling import SamplingParams
 from tests.exactness import chi_square_pvalue, sampled_pairs, top_k_first_two_law
 
@@ -50,7 +51,7 @@ def ar_tokens(smollm2, chats):
                                   "aded"])
 def test_model_free_drafters_keep_greedy_output(name, smollm2, chats, ar_tokens):
     model, _ = smollm2
-    out = sj.generate(model, chats, max_new_tokens=40, drafter=named_drafter(name, model))
+    out = sj.generate(model, chats, max_new_tokens=40, drafter=methods.make(name, model))
     np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
     assert out.stats.tau > 1.05, out.stats  # the repeated sentence gets drafted and accepted
 
@@ -60,7 +61,7 @@ def test_self_speculative_drafters_keep_greedy_output(name, smollm2, chats, ar_t
     """The target drafting with its own layers skipped (Swift) or cut (DEL), on the real model's
     KV cache: same tokens as AR. (Their tau on this untrained-for-early-exit model may be ~1.)"""
     model, _ = smollm2
-    out = sj.generate(model, chats, max_new_tokens=40, drafter=named_drafter(name, model))
+    out = sj.generate(model, chats, max_new_tokens=40, drafter=methods.make(name, model))
     np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
 
 
@@ -83,7 +84,7 @@ def test_shipped_medusa_and_clover_heads_keep_greedy_output(name, smollm2, chats
     """The Medusa-1 and Clover heads shipped for SmolLM2 (found by the target's shape), drafting
     over their reduced vocabulary: AR's tokens on the ragged chat batch, drafts accepted."""
     model, _ = smollm2
-    drafter = named_drafter(name, model)
+    drafter = methods.make(name, model)
     assert 0 < len(drafter.params["d2t"]) < model.config.vocab_size
     out = sj.generate(model, chats, max_new_tokens=40, drafter=drafter)
     np.testing.assert_array_equal(out.tokens, ar_tokens, err_msg=name)
@@ -103,7 +104,7 @@ def test_sampled_law(name, verifier, lossless, smollm2):
     params = SamplingParams(temperature=1.5, top_k=3)
     law = top_k_first_two_law(model, prompt, params)
     cells = sorted(law)
-    counts = sampled_pairs(model, prompt, named_drafter(name, model), params, cells, batch=128, calls=2,
+    counts = sampled_pairs(model, prompt, methods.make(name, model), params, cells, batch=128, calls=2,
                            verifier=verifier)  # 256 draws: the lossy rule's p-value is ~1e-31
     pvalue = chi_square_pvalue(counts, np.array([law[c] for c in cells] + [0.0]))
     assert (pvalue > 1e-4) if lossless else (pvalue < 1e-6), pvalue

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from specjax.train.corpus import list_files, read_text, stdlib_root
-from specjax.train.tokenizer import (
+from specjax.data.corpus import list_files, read_text, stdlib_root
+from specjax.train.bpe import (
     EOT,
     PAD,
-    load_tokenizer,
+    load_bpe,
     save_tokenizer,
     train_tokenizer,
 )
@@ -34,13 +34,13 @@ def test_trained_tokenizer_roundtrips_and_loads_in_transformers(tmp_path):
 
 def test_missing_tokenizer_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer not found"):
-        load_tokenizer(tmp_path)
+        load_bpe(tmp_path)
 
 
 @pytest.mark.skipif(not (ASSETS / "tokenizer.json").is_file(),
-                    reason="shipped tokenizer absent (build it with train/make_tiny.sh)")
+                    reason="shipped tokenizer absent (build it with recipes/make_tiny.sh)")
 def test_shipped_tokenizer_roundtrips_held_out_code():
-    tok = load_tokenizer(ASSETS)
+    tok = load_bpe(ASSETS)
     assert tok.get_vocab_size() == 4096 and tok.token_to_id(EOT) == 0
     _, held_out = list_files(stdlib_root())
     for path in held_out:

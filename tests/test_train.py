@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from specjax.train.__main__ import main as cli
-from specjax.train.config import from_dict, load_config
 from specjax.train.loop import _StopFlag, train
+from specjax.train.run_config import from_dict, load_config
 
 @pytest.fixture(scope="module")
 def corpus(code_corpus):
@@ -96,7 +96,7 @@ def test_bad_paths_and_objective(corpus, tmp_path, capsys):
     assert "unknown key(s) in [train]: bogus" in capsys.readouterr().err
 
 
-def test_cli_overrides_and_export_load_in_transformers(corpus, tmp_path):
+def test_cli_overrides_export_and_evaluate(corpus, tmp_path, capsys):
     import tomli_w
 
     raw = raw_config(corpus, tmp_path / "unused", steps=100)
@@ -106,7 +106,7 @@ def test_cli_overrides_and_export_load_in_transformers(corpus, tmp_path):
                 "--set", "optim.lr=3e-3", "--no-progress"]) == 0
     saved = json.loads((out / "config.json").read_text())
     assert saved["train"]["steps"] == 2 and saved["optim"]["lr"] == 3e-3
-    assert cli(["--config", str(tmp_path / "c.toml"), "--out", str(out), "--export", str(tmp_path / "hf")]) == 0
+    assert cli(["export", "--config", str(tmp_path / "c.toml"), "--out", str(out), str(tmp_path / "hf")]) == 0
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -123,6 +123,12 @@ def test_cli_overrides_and_export_load_in_transformers(corpus, tmp_path):
     with torch.no_grad():
         got = hf(torch.tensor([ids])).logits.numpy()
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-3)
+
+    capsys.readouterr()  # evaluation: held-out loss, and greedy samples decoded by sj.generate
+    (tmp_path / "e.toml").write_bytes(tomli_w.dumps({**raw, "train": {**raw["train"], "out": str(out)}}).encode())
+    assert cli(["evaluate", "--config", str(tmp_path / "e.toml"), "--new-tokens", "4", "--windows", "2"]) == 0
+    report = capsys.readouterr().out
+    assert f"| {out.name} | " in report and report.count("greedy, 4 new tokens") == 3
 
 
 def test_steps_below_one_are_one_line_and_exit_2(corpus, tmp_path, capsys):
@@ -176,7 +182,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "specjax" / "assets"
 
 
 @pytest.mark.skipif(not (ASSETS / "tiny-draft" / "model.safetensors").is_file(),
-                    reason="shipped tiny models absent (build them with train/make_tiny.sh)")
+                    reason="shipped tiny models absent (build them with recipes/make_tiny.sh)")
 def test_shipped_tiny_models_match_their_configs_and_size_budget():
     from transformers import AutoConfig
 

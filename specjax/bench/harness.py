@@ -4,43 +4,44 @@ Every method decodes the same prompts, whole (ragged lengths), in the model's ch
 it has one, after a warm-up call that compiles what the timed runs use. A batch holds prompts of
 one category, so each call's tau is that category's. Repeats interleave the methods in a fresh
 random order each round, so drift in the machine favours none, and medians are reported.
+The files it writes: `specjax.bench.report`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import platform
 import random
 import resource
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
 import specjax as sj
-from specjax.adaptive import AdaptiveStats
-from specjax.bench.peers import BATCH1_ONLY, PEERS
-from specjax.bench.peers import SETTINGS as PEER_SETTINGS
-from specjax.drafters.named import NAMED, named_drafter
+from specjax import methods
 from specjax.stats import Stats
 
 LOSSY = {"typical"}  # methods whose output is not the target's law are labelled in the table
-ADAPTIVE = {"adaptive": ("draft-chain", (0, 1, 2, 4)), "adaptive-draft-chain": ("draft-chain", (0, 1, 2, 4)),
-            "adaptive-prompt-lookup": ("prompt-lookup", (0, 1, 2, 4, 8))}  # name -> (base, ks)
-DEFAULT_METHODS = (*NAMED, "adaptive-draft-chain", "adaptive-prompt-lookup", *PEERS)
-HEAD_FOLDER = "eagle:"  # a method "eagle:FOLDER" drafts with the EAGLE head saved in FOLDER (a trained one)
+# every method the bench runs, by default all with a plain name (`name:ARGUMENT` ones on request)
+DEFAULT_METHODS = tuple(u for u, m in methods.METHODS.items() if "constraint" not in m.needs and not m.argument)
 
 
-def known_methods() -> tuple[str, ...]:
-    return (*NAMED, *ADAPTIVE, *PEERS)
+def _check_methods(names) -> None:
+    """Raise for a name that is no method the bench runs."""
+    for name in names:
+        try:
+            m, _ = methods.find(name)
+        except ValueError:
+            m = None
+        if m is None or "constraint" in m.needs:
+            raise ValueError(f"unknown methods {[name]}; choose from: "
+                             f"{', '.join(u for u, m in methods.METHODS.items() if 'constraint' not in m.needs)}")
 
 
 @dataclasses.dataclass
@@ -60,7 +61,8 @@ class BenchConfig:
 def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> list[tuple[str, list[int]]]:
     """(category, token ids) per prompt: a row with turns in the chat template when the
     tokenizer has one, the raw text otherwise."""
-    from specjax.bench.prompts import prompt_ids, prompt_set
+    from specjax.data.chat import prompt_ids
+    from specjax.data.prompts import prompt_set
     return [(r["category"], prompt_ids(tokenizer, r)) for r in prompt_set(cfg.prompts, cfg.num_prompts)]
 
 
@@ -72,19 +74,6 @@ def _groups(prompts: list[tuple[str, list[int]]], batch: int) -> list[tuple[str,
         by_cat.setdefault(cat, []).append(ids)
     return [(cat, [rows[j % len(rows)] for j in range(i, i + batch)])
             for cat, rows in by_cat.items() for i in range(0, len(rows), batch)]
-
-
-def machine() -> str:
-    dev = jax.devices()[0]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    text = (f"{platform.machine()} {jax.default_backend()} ({dev.device_kind}), {cores} CPU cores, "
-            f"{jax.local_device_count()} device(s), jax {jax.__version__}")
-    if "torch" in sys.modules:  # the peer rows ran
-        import torch
-        import transformers
-        text += (f"; peers: torch {torch.__version__} with {torch.get_num_threads()} threads, "
-                 f"transformers {transformers.__version__}")
-    return text
 
 
 class _PeakRSS:
@@ -126,21 +115,17 @@ class _Method:
 
     def __init__(self, name, cfg, model, draft, peers):
         self.name, self.cfg, self.model, self.peers = name, cfg, model, peers
-        self.kind = "peer" if name in PEERS else "adaptive" if name in ADAPTIVE else "specjax"
+        self.method, _ = methods.find(name)
+        self.kind = self.method.runner
         self.drafter, self.calibrated = None, {}  # calibrated: batch size -> the Adaptive calibrated at it
-        if self.kind == "specjax":
-            if name.startswith(HEAD_FOLDER):
-                from specjax.drafters import Eagle
-                self.drafter = Eagle.load(name[len(HEAD_FOLDER):], target=model)
-            else:
-                self.drafter = named_drafter(name, model, draft)
+        if self.kind == "drafter":
+            self.drafter = methods.make(name, model, draft)
             self.nodes = 1 if self.drafter is None else self.drafter.num_nodes
             layout = getattr(self.drafter, "layout", None)  # PPD / Hidden Transfer guess positions
             self.nodes = f"{self.nodes}+{layout.size}" if layout is not None else self.nodes
         elif self.kind == "adaptive":
-            base, ks = ADAPTIVE[name]
-            self.drafter = sj.Adaptive(named_drafter(base, model, draft), ks=ks)
-            self.nodes = f"1..{ks[-1] + 1}"
+            self.drafter = methods.make(name, model, draft)
+            self.nodes = f"1..{self.drafter.ks[-1] + 1}"
         else:
             self.nodes = "-"
 
@@ -149,7 +134,7 @@ class _Method:
 
     def prepare(self, groups) -> None:
         """Per batch size, before the warm-up: adaptive measures its step costs and acceptance here."""
-        if isinstance(self.drafter, sj.Adaptive):
+        if self.kind == "adaptive":
             self.calibrated[len(groups[0])] = self.drafter.calibrate(
                 self.model, [p for g in groups for p in g], batch_size=len(groups[0]),
                 max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
@@ -169,26 +154,23 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     that transformers runs at batch 1 only get no row at larger batches (see `skipped`)."""
     from specjax.convert import resolve
     from specjax.tokenizer import load_tokenizer
-    unknown = [m for m in cfg.methods if m not in known_methods() and not m.startswith(HEAD_FOLDER)]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from: {', '.join(known_methods())}")
+    _check_methods(cfg.methods)
     model = sj.load(cfg.model)
     prompts = _tokenized_prompts(cfg, load_tokenizer(cfg.model))
-    methods = ["ar", *dict.fromkeys(m for m in cfg.methods if m != "ar")]
-    uses_draft = any(getattr(NAMED.get(m), "uses_draft", False) or ADAPTIVE.get(m, ("",))[0].startswith("draft")
-                     or m == "hf-assisted" for m in methods)
+    names = ["ar", *dict.fromkeys(m for m in cfg.methods if m != "ar")]
+    uses_draft = any("draft model" in methods.find(m)[0].needs for m in names)
     draft_folder = resolve(cfg.draft) if uses_draft else None
     draft = sj.load(draft_folder) if draft_folder is not None else None
     peers = None
-    if any(m in PEERS for m in methods):
+    if any(methods.find(m)[0].runner == "peer" for m in names):
         from specjax.bench.peers import Peers
         peers = Peers(resolve(cfg.model), draft_folder)
-    runners = {m: _Method(m, cfg, model, draft, peers) for m in methods}
+    runners = {m: _Method(m, cfg, model, draft, peers) for m in names}
     rows = []
     rng = random.Random(cfg.seed)
     for batch in cfg.batches:
         cats, groups = zip(*_groups(prompts, batch))
-        here = [m for m in methods if runners[m].supports(batch)]
+        here = [m for m in names if runners[m].supports(batch)]
         for m in here:
             runners[m].prepare(groups)
             runners[m].decode(groups)  # compile / warm up
@@ -233,9 +215,9 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
                 "mem_mb": round(mem[m][0], 1), "mem_source": mem[m][1],
                 "tau_per_category": _tau_per_category(cats, outs),
             }
-            if m in PEERS:
-                row["settings"] = PEER_SETTINGS[m]
-            if isinstance(outs[0], AdaptiveStats):
+            if runners[m].kind == "peer":
+                row["settings"] = runners[m].method.description
+            if runners[m].kind == "adaptive":
                 k_counts = {}
                 for s in outs:
                     for k, c in s.k_counts.items():
@@ -255,11 +237,12 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
 def skipped(cfg: BenchConfig) -> list[dict]:
     """The (method, batch) pairs `run` leaves out: transformers' rows when sampling (they run
     greedy), and its assisted generation and prompt lookup at batch > 1 (batch 1 only)."""
+    peers = {u: m for u, m in ((u, methods.find(u)[0]) for u in cfg.methods) if m.runner == "peer"}
     if cfg.temperature > 0:
-        return [{"method": m, "batch": b, "why": "transformers rows run greedy only"}
-                for b in cfg.batches for m in cfg.methods if m in PEERS]
-    return [{"method": m, "batch": b, "why": "transformers supports it at batch 1 only"}
-            for b in cfg.batches for m in cfg.methods if m in BATCH1_ONLY and b > 1]
+        return [{"method": u, "batch": b, "why": "transformers rows run greedy only"}
+                for b in cfg.batches for u in peers]
+    return [{"method": u, "batch": b, "why": f"transformers supports it at batch {m.max_batch} only"}
+            for b in cfg.batches for u, m in peers.items() if b > (m.max_batch or b)]
 
 
 def _tau_per_category(cats, stats: list[Stats]) -> dict[str, float]:
@@ -275,96 +258,3 @@ def _mean_acceptance(stats: list[Stats]) -> list[float]:
     depths = max(len(s.acceptance_per_depth) for s in stats)
     return [float(np.mean([s.acceptance_per_depth[d] for s in stats if d < len(s.acceptance_per_depth)]))
             for d in range(depths)]
-
-
-def caveat(cfg: BenchConfig) -> str:
-    """A warning for runs too small to measure speed by (as --quick is); '' otherwise."""
-    if cfg.max_new_tokens >= 64 and (cfg.num_prompts or 4) >= 4 and cfg.repeats >= 3:
-        return ""
-    return (f"**Not representative:** {cfg.max_new_tokens} new tokens x {cfg.num_prompts} prompts x "
-            f"{cfg.repeats} repeat(s) is a smoke test; prefill and timer noise dominate the speedups. "
-            f"Measure without --quick (128 new tokens x 8 prompts x 3 repeats).")
-
-
-def markdown(rows: list[dict], skipped_rows: list[dict] = ()) -> str:
-    lines = ["| method | batch | tree nodes | verifier | tau | acceptance by depth | tokens/s | speedup | "
-             "mem (MB) | = ar |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"][:6]) or "-"
-        label = r["method"] + (" (lossy)" if r["lossy"] else "")
-        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
-        lines.append(f"| {label} | {r['batch']} | {r.get('tree_nodes', '-')} | {r['verifier']} | {tau} | {acc} | "
-                     f"{r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r.get('mem_mb', '-')} | "
-                     f"{ {True: 'yes', False: 'NO', None: '-'}[r.get('matches_ar_first_prompt', True)]} |")
-    for s in skipped_rows:
-        lines.append(f"| {s['method']} | {s['batch']} | skipped: {s['why']} | | | | | | | |")
-    cats = list(dict.fromkeys(c for r in rows for c in r.get("tau_per_category", {})))
-    if len(cats) > 1:
-        lines += ["", "tau per category:", "", f"| method | batch | {' | '.join(cats)} |",
-                  "|---|---|" + "---|" * len(cats)]
-        lines += [f"| {r['method']} | {r['batch']} | " + " | ".join(
-            f"{r['tau_per_category'][c]:.2f}" if c in r["tau_per_category"] else "-" for c in cats) + " |"
-            for r in rows]
-    return "\n".join(lines)
-
-
-def chart(rows: list[dict], path: Path) -> None:
-    """Speedup and tau per method, one group of bars per batch size."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    batches = sorted({r["batch"] for r in rows})
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    width = 0.8 / len(batches)
-    for ax, key in zip(axes, ("speedup", "tau")):
-        for i, b in enumerate(batches):
-            vals = [next((r[key] or 0 for r in rows if r["method"] == m and r["batch"] == b), 0)
-                    for m in methods]
-            ax.bar(np.arange(len(methods)) + i * width, vals, width, label=f"batch {b}")
-        ax.set_xticks(np.arange(len(methods)) + width * (len(batches) - 1) / 2)
-        ax.set_xticklabels(methods, rotation=45, ha="right")
-        ax.set_title(key)
-        ax.axhline(1.0, color="gray", lw=0.8)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write(rows: list[dict], cfg: BenchConfig, out: Path, command: str, skipped_rows: list[dict] = ()) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "results.json", "w") as f:
-        json.dump({"machine": machine(), "config": dataclasses.asdict(cfg), "command": command,
-                   "rows": rows, "skipped": list(skipped_rows), "notes": NOTES}, f, indent=2)
-    warning = caveat(cfg) and f"{caveat(cfg)}\n\n"
-    (out / "results.md").write_text(f"{warning}{markdown(rows, skipped_rows)}\n\nMachine: {machine()}\n\n"
-                                    f"Command: `{command}`\n\n" + "\n".join(f"- {n}" for n in NOTES) + "\n")
-    try:
-        chart(rows, out / "chart.png")
-    except ImportError:  # matplotlib is optional (the `train` extra)
-        pass
-
-
-NOTES = [
-    "tau = tokens per target forward, bonus included (peers: new tokens / forward calls of the "
-    "transformers target, counted by a hook, the prefill forward included).",
-    "speedup = tokens/s over specjax `ar` at the same batch, same run; the least wall time of the interleaved repeats (interference on a shared machine only adds time; medians are in results.json).",
-    "Every prompt decodes exactly max_new_tokens tokens, EOS ignored (specjax and transformers alike), so "
-    "every method does the same work; the tokens after an EOS are still the model's greedy (or sampled) text.",
-    "Prompts are whole (ragged lengths), in the model's chat template when it has one (multi-turn chat rows: "
-    "both user turns with the set's fixed reply between them), raw text otherwise; a batch holds one "
-    "category's prompts (a category with fewer than the batch repeats its own), and tau_per_category is "
-    "tau over each category's calls.",
-    "mem = rise of the process RSS during the method's first timed (already compiled) run, sampled "
-    "every 5 ms (device peak-bytes rise on accelerators): approximate, since memory the allocator "
-    "kept from earlier methods is reused; peak_rss_mb in results.json is the whole process's peak.",
-    "= ar: the method's greedy output on the first prompt equals specjax ar's token for token ('-' when sampling: "
-    "each method draws its own random stream; exactness is tested by chi-square instead).",
-    "adaptive-*: speculation length chosen by goodput (SmartSpec) from step costs (step_costs_ms, per k) "
-    "and per-depth acceptance (calibrated_rates) measured on the prompts per batch size before the run; "
-    "where no k > 0 beats AR by 10%, or the loop lost a race with AR then (calibrated_speedup), it runs "
-    "AR's own program (speculated: false), else k is re-chosen every 8 steps from moving-average rates; "
-    "k_counts = steps per k.",
-]

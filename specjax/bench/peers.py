@@ -1,7 +1,8 @@
 """Peer rows for the benchmark: Hugging Face transformers' own decoding on the same weights.
 
-`hf-ar` is `generate` greedy; `hf-assisted` is assisted generation with the shipped draft
-(`assistant_model=`); `hf-prompt-lookup` is `prompt_lookup_num_tokens=`. All load the same
+The peer methods are registered in `specjax.methods` (runner "peer"), each with the keywords
+it adds to `generate` (greedy `generate`, assisted generation with the shipped draft, prompt
+lookup). All load the same
 weights as specjax (an HF folder, or a GGUF that transformers dequantizes) with
 AutoModelForCausalLM in float32, decode ragged batches left-padded with an attention mask,
 greedily with no EOS (so, like the specjax rows, every prompt gets exactly max_new_tokens
@@ -19,16 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specjax import methods
 from specjax.stats import Stats
-
-PEERS = ("hf-ar", "hf-assisted", "hf-prompt-lookup")
-BATCH1_ONLY = {"hf-assisted", "hf-prompt-lookup"}  # transformers supports these at batch 1 only
-SETTINGS = {
-    "hf-ar": "greedy",
-    "hf-assisted": "assistant_model=draft; transformers' defaults: num_assistant_tokens=20, constant "
-                   "schedule, assistant_confidence_threshold=0.4 (the draft stops early when unsure)",
-    "hf-prompt-lookup": "prompt_lookup_num_tokens=8, max_matching_ngram_size=3",
-}
 
 
 def torch_threads() -> int:
@@ -77,21 +70,16 @@ class Peers:
         self.model.register_forward_hook(count, with_kwargs=True)
 
     def supports(self, method: str, batch: int) -> bool:
-        if method == "hf-assisted" and self.draft is None:
+        m, _ = methods.find(method)
+        if "draft model" in m.needs and self.draft is None:
             return False
-        return batch == 1 or method not in BATCH1_ONLY
+        return m.max_batch is None or batch <= m.max_batch
 
     def _kwargs(self, method: str, max_new_tokens: int) -> dict:
         from transformers import GenerationConfig
         cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0,
                                num_beams=1)
-        kw = {"generation_config": cfg}
-        if method == "hf-assisted":
-            kw["assistant_model"] = self.draft
-        elif method == "hf-prompt-lookup":
-            cfg.prompt_lookup_num_tokens = 8
-            cfg.max_matching_ngram_size = 3
-        return kw
+        return {"generation_config": cfg, **methods.find(method)[0].make(self.model, self.draft)}
 
     def decode(self, method: str, prompts, max_new_tokens: int) -> tuple[np.ndarray, Stats]:
         """Greedy-decode a batch of token-id lists (ragged allowed); returns int32[B,

@@ -3,13 +3,14 @@
 Every schema of specjax/bench/data/schemas.jsonl (JSONSchemaBench's kinds: flat, nested,
 arrays, enums, string formats, bounded numbers, optional fields) is asked for in the model's
 chat template (the schema in the message), then decoded greedily at batch 1 by each method:
-constrained speculation (forced tokens + prompt lookup), forced tokens alone, constrained AR
-and unconstrained AR. Reported: compliance (the output parses as JSON and validates with the
-`jsonschema` package; outputs cut off by the token limit are counted apart), tau, and tokens/s
-of the decoding alone (compilation excluded): a first call per method (it compiles), then
-`repeats` rounds of the methods in a fresh random order; each method's fastest call counts
-(interference on a shared machine only adds time). Speedups are per schema, over constrained
-AR on the same schema; the table gives their median and geometric mean over the schemas.
+the methods that need a constraint (`specjax.methods`: forced tokens + prompt lookup, forced
+tokens alone) and AR, constrained, and unconstrained AR. Reported: compliance (the output
+parses as JSON and validates with the `jsonschema` package; outputs cut off by the token limit
+are counted apart), tau, and tokens/s of the decoding alone (compilation excluded): a first
+call per method (it compiles), then `repeats` rounds of the methods in a fresh random order;
+each method's fastest call counts (interference on a shared machine only adds time). Speedups
+are per schema, over constrained AR on the same schema; the table gives their median and
+geometric mean over the schemas.
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import methods as registry
 
-METHODS = {  # name -> (drafter factory, constrained)
-    "constrained-forced+prompt-lookup": (lambda: sj.drafters.Forced(sj.drafters.PromptLookup()), True),
-    "constrained-forced": (lambda: sj.drafters.Forced(), True),
-    "constrained-ar": (lambda: None, True),
-    "unconstrained-ar": (lambda: None, False),
-}
+# row name -> (registered method, constrained)
+METHODS = {**{f"constrained-{u}": (u, True) for u, m in registry.METHODS.items() if "constraint" in m.needs},
+           "constrained-ar": ("ar", True), "unconstrained-ar": ("ar", False)}
 
 
 def schemas(path: str | None = None) -> list[dict]:
@@ -62,8 +61,9 @@ def run(model_name: str, methods: list[str], max_new_tokens: int, repeats: int, 
         ids = tokenizer.chat([{"role": "user", "content": message}]) if tokenizer.chat_template \
             else tokenizer.encode(message)
         calls = {m: lambda m=m: sj.generate(
-            model, [ids], max_new_tokens=max_new_tokens, drafter=METHODS[m][0](), eos_token_id=eos,
-            constraint=constraint if METHODS[m][1] else None, key=jax.random.key(0)) for m in methods}
+            model, [ids], max_new_tokens=max_new_tokens, drafter=registry.make(METHODS[m][0], model),
+            eos_token_id=eos, constraint=constraint if METHODS[m][1] else None, key=jax.random.key(0))
+            for m in methods}
         first = {m: call() for m, call in calls.items()}  # compiles; its output is the one checked
         best = {m: out.stats.tokens_per_s for m, out in first.items()}  # compilation excluded
         for _ in range(repeats):

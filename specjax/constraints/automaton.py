@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.constraints.base import Constraint
-from specjax.tree import DraftTree
+from specjax.tree import DraftTree, row_gather
 
 
 @jax.tree_util.register_dataclass
@@ -108,7 +108,7 @@ class TokenAutomaton(Constraint):
         return self.state[:, None] if tree is None else self.node_states(tree, self.state)[:, select]
 
     def advance(self, nodes: jax.Array, end: jax.Array, token: jax.Array, active: jax.Array) -> TokenAutomaton:
-        at_end = jnp.take_along_axis(nodes, end[:, None], axis=1)[:, 0]
+        at_end = row_gather(nodes, end)
         return dataclasses.replace(self, state=jnp.where(active, self.step(at_end, token), self.state))
 
     def forced_tokens(self, n: int, batch: int) -> tuple[jax.Array, jax.Array, TokenAutomaton]:

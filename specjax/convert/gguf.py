@@ -19,21 +19,15 @@ import numpy as np
 from pallas_kernels import QuantizedWeight
 from specjax.models import Model, ModelConfig, RopeScaling, param_shapes
 from specjax.models.config import GEMMA, gemma_layer_types
+from specjax.models.params import LAYER, LLAMA, Param
 
 Q = gguf.GGMLQuantizationType
 ARCHITECTURES = ("llama", "qwen2", "qwen3", *GEMMA)  # GGUF general.architecture == specjax model_type
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 DIRECT_TYPES = {Q.Q8_0: 8, Q.Q4_0: 4}  # types read into QuantizedWeight bits without dequantizing
-_MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-_LAYER_TENSORS = {  # blk.N.<name> -> specjax layer param
-    "attn_norm.weight": "attn_norm", "attn_q.weight": "wq", "attn_k.weight": "wk",
-    "attn_v.weight": "wv", "attn_output.weight": "wo", "attn_q.bias": "bq", "attn_k.bias": "bk",
-    "attn_v.bias": "bv", "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm",
-    "ffn_norm.weight": "mlp_norm", "ffn_gate.weight": "w_gate", "ffn_up.weight": "w_up",
-    "ffn_down.weight": "w_down", "post_attention_norm.weight": "post_attn_norm",
-    "post_ffw_norm.weight": "post_mlp_norm",
-}
-_TOP_TENSORS = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head"}
+# Tensor names are the declared `gguf` names (specjax.models.params): per layer under blk.N.
+_LAYER_TENSORS = {p.gguf: name for name, p in LAYER.items()}
+_TOP_TENSORS = {p.gguf: name for name, p in LLAMA.items() if isinstance(p, Param)}
 
 
 def read_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
@@ -152,21 +146,22 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None) -> Model:
     dt = config.jnp_dtype
     params = {}
     for name, t in top.items():
-        qw = _quantized([t], config, shapes[name]) if name == "lm_head" else None
+        matmul = LLAMA[name].matmul
+        qw = _quantized([t], config, shapes[name]) if matmul else None
         params[name] = (jax.tree.map(lambda a: a[0], qw) if qw is not None
-                        else jnp.asarray(_float(t, config, shapes[name]), dt))
+                        else jnp.asarray(_float(t, config, shapes[name], matmul), dt))
     params["layers"] = {}
     for name, ts in layers.items():
-        want = shapes["layers"][name][1:]
-        qw = _quantized(ts, config, want) if name in _MATMULS else None
+        want, matmul = shapes["layers"][name][1:], LAYER[name].matmul
+        qw = _quantized(ts, config, want) if matmul else None
         params["layers"][name] = qw if qw is not None else jnp.asarray(
-            np.stack([_float(t, config, want) for t in ts]), dt)
+            np.stack([_float(t, config, want, matmul) for t in ts]), dt)
     return Model(params, config)
 
 
 # ---- tensors -------------------------------------------------------------------------------------
 
-def _float(t, config: ModelConfig, want) -> np.ndarray:
+def _float(t, config: ModelConfig, want, matmul: bool) -> np.ndarray:
     """One tensor as float32 in specjax's layout ([in, out] for matmuls), Q/K unpermuted."""
     if t.tensor_type in FLOAT_TYPES:
         w = np.asarray(t.data, np.float32)
@@ -178,7 +173,7 @@ def _float(t, config: ModelConfig, want) -> np.ndarray:
     w = _unpermute(w, t.name, config)
     if t.name.endswith("norm.weight"):
         w = w - config.norm_offset
-    if len(want) == 2 and t.name != "token_embd.weight":
+    if matmul:
         w = w.T
     if tuple(w.shape) != tuple(want):
         raise ValueError(f"tensor {t.name}: expected shape {tuple(want)}, got {tuple(w.shape)}")
@@ -231,7 +226,7 @@ def _tensor_rows(reader, name):
 
 
 def _gguf_name(param: str) -> str:
-    return next(k for k, v in {**_LAYER_TENSORS, **_TOP_TENSORS}.items() if v == param)
+    return (LAYER.get(param) or LLAMA[param]).gguf
 
 
 # ---- rope scaling --------------------------------------------------------------------------------

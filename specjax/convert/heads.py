@@ -3,7 +3,10 @@ settings — and `head.safetensors`) and the published layouts the head drafters
 Medusa's `medusa_lm_head.safetensors` and EAGLE-1 / EAGLE-3 folders (`config.json` +
 `model.safetensors`). Pickles (`.pt`/`.bin`/`.pth`) only with `allow_pickle=True`. A shipped
 target's name ('tiny', 'smollm2') names the heads shipped for it (`specjax/assets/<name>-<kind>`),
-and a head records the shape of the target it was trained for (`target` in head.json)."""
+and a head records the shape of the target it was trained for (`target` in head.json).
+
+`read_medusa`, `read_eagle`, `read_clover` and `read_guesses` read a checkpoint into (params,
+[config,] stored settings): the drafters' `load` classmethods build themselves from those."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import ASSETS
+from specjax.heads import eagle as eagle_head
+from specjax.heads.clover import CloverConfig
 from specjax.heads.eagle import EagleConfig
 from specjax.models import Model
 
@@ -108,7 +113,7 @@ def resolve_head(path: str | os.PathLike, kind: str) -> Path:
     if isinstance(path, str) and "/" not in path and not Path(path).exists() and path in shipped:
         if not (shipped[path] / HEAD_JSON).is_file():
             raise FileNotFoundError(f"the shipped heads {shipped[path]} are not there (not built yet? see "
-                                    f"train/README.md)")
+                                    f"recipes/README.md)")
         return shipped[path]
     p = Path(path)
     if not p.exists():
@@ -128,8 +133,60 @@ def shipped_target(config, kind: str) -> str:
     for name, folder in shipped_heads(kind).items():
         if json.loads((folder / HEAD_JSON).read_text()).get("target") == want:
             return name
-    raise ValueError(f"no {kind} head is shipped for this target ({want}); train one (train/README.md) "
+    raise ValueError(f"no {kind} head is shipped for this target ({want}); train one (recipes/README.md) "
                      f"and pass its folder")
+
+
+# ---- reading a head ------------------------------------------------------------------------------
+
+def read_medusa(path, allow_pickle: bool = False) -> tuple[dict, dict]:
+    """(params, stored settings) of a specjax Medusa folder, 'tiny', or Medusa's published
+    `medusa_lm_head.safetensors` (a file or a folder holding it; head count and layers inferred
+    from the keys)."""
+    p = resolve_head(path, "medusa")
+    if is_head_folder(p):
+        params, meta = read_head(p, "medusa", "Medusa")
+        return params, dict(num_layers=meta.get("num_layers", 1), tree_size=meta.get("tree_size", 16),
+                            accuracy=accuracy_table(meta))
+    if p.is_dir():
+        p = pick(p, ("medusa_lm_head.safetensors", "model.safetensors", "medusa_lm_head.pt"), allow_pickle)
+    params, layers = medusa_from_state_dict(read_tensors(p, allow_pickle))
+    return params, {"num_layers": layers}
+
+
+def read_eagle(path, target: Model | None = None, target_layers=None,
+               allow_pickle: bool = False) -> tuple[dict, EagleConfig, dict]:
+    """(params, config, stored settings) of a specjax EAGLE folder, 'tiny', or a published
+    EAGLE-1 / EAGLE-3 folder (`config.json` + `model.safetensors`, or `pytorch_model.bin` with
+    allow_pickle=True), which stores no settings. EAGLE-3 checkpoints do not record which target
+    layers they fuse: `target_layers`, else the `target`'s default taps."""
+    p = resolve_head(path, "eagle")
+    if is_head_folder(p):
+        params, meta = read_head(p, "eagle", "EAGLE")
+        stored = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes", "tree")
+                  if k in meta}
+        return params, EagleConfig.from_dict(meta["config"]), stored
+    folder = p if p.is_dir() else p.parent
+    file = pick(p, ("model.safetensors", "pytorch_model.bin"), allow_pickle) if p.is_dir() else p
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: a published EAGLE head needs its config.json")
+    hf = json.loads((folder / "config.json").read_text())
+    params, cfg = eagle_from_state_dict(read_tensors(file, allow_pickle), hf, target, target_layers)
+    return params, cfg, {}
+
+
+def read_clover(path) -> tuple[dict, CloverConfig, dict]:
+    """(params, config, stored settings) of a specjax Clover folder or 'tiny'."""
+    params, meta = read_head(resolve_head(path, "clover"), "clover", "Clover")
+    stored = {"tree_size": meta.get("tree_size", 16), "accuracy": accuracy_table(meta)}
+    return params, CloverConfig.from_dict(meta["config"]), stored
+
+
+def read_guesses(path, kind: str) -> tuple[dict, dict]:
+    """(params, stored settings) of a specjax PPD or Hidden Transfer folder (`kind` "ppd" or
+    "hidden-transfer") or 'tiny'."""
+    params, meta = read_head(resolve_head(path, kind), kind, kind)
+    return params, {**meta, "accuracy": accuracy_table(meta)}
 
 
 # ---- tensors -------------------------------------------------------------------------------------
@@ -213,25 +270,25 @@ def medusa_from_state_dict(sd: dict) -> tuple[dict, int]:
 
 
 
-_EAGLE_LAYER = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
-                "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
-                "w_down": "mlp.down_proj"}
+_EAGLE_MATMULS = tuple(name for name, p in eagle_head.LAYER.items() if p.matmul)
 
 
 def eagle_from_state_dict(sd: dict, hf: dict, target: Model | None = None,
                           target_layers=None) -> tuple[dict, EagleConfig]:
     """EAGLE-1 keys (`fc.weight`, `fc.bias`, `layers.0.*` without input_layernorm,
     `embed_tokens.weight`) or EAGLE-3 keys (`fc.weight`, `midlayer.*`, `norm.weight`,
-    `lm_head.weight`, optional `d2t` offsets) + the head's HF config -> (params, EagleConfig)."""
+    `lm_head.weight`, optional `d2t` offsets) + the head's HF config -> (params, EagleConfig).
+    Tensor names are the declared `hf` names of `specjax.heads.eagle.PARAMS`."""
     version = 3 if any(k.startswith("midlayer.") for k in sd) else 1
     pre = "midlayer." if version == 3 else "layers.0."
-    need = ["fc.weight"] + [f"{pre}{v}.weight" for v in _EAGLE_LAYER.values()]
-    need.append(f"{pre}post_attention_layernorm.weight")
-    need += ["fc.bias"] if version == 1 else [f"{pre}input_layernorm.weight", f"{pre}hidden_norm.weight",
-                                              "norm.weight", "lm_head.weight"]
+    top = {name: p.hf for name, p in eagle_head.PARAMS.items() if name != "layer"}
+    names = {name: pre + p.hf for name, p in eagle_head.LAYER.items()}  # the layer's
+    need = [top["fc_w"], *(names[n] for n in _EAGLE_MATMULS), names["mlp_norm"]]
+    need += [top["fc_b"]] if version == 1 else [names["attn_norm"], names["hidden_norm"], top["norm"],
+                                                  top["lm_head"]]
     _require(sd, need, f"EAGLE-{version}")
     f32 = lambda k: np.asarray(sd[k], np.float32)
-    e = f32("fc.weight").shape[0]
+    e = f32(top["fc_w"]).shape[0]
     heads = hf.get("num_attention_heads")
     if heads is None:
         raise KeyError("the EAGLE config.json has no num_attention_heads")
@@ -246,37 +303,33 @@ def eagle_from_state_dict(sd: dict, hf: dict, target: Model | None = None,
                              "target_layers=(low, mid, high) or target=... to Eagle.load")
     else:
         layers = ()
-    cfg = EagleConfig(version=version, hidden_size=e, intermediate_size=f32(f"{pre}mlp.gate_proj.weight").shape[0],
+    cfg = EagleConfig(version=version, hidden_size=e, intermediate_size=f32(names["w_gate"]).shape[0],
                       num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hd,
                       vocab_size=vocab, draft_vocab_size=hf.get("draft_vocab_size") or None,
                       target_hidden_size=hf.get("target_hidden_size") or None, target_layers=tuple(layers),
                       rope_theta=float(hf.get("rope_theta", 10000.0)), rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                       max_position_embeddings=int(hf.get("max_position_embeddings", 2048)))
-    width = e if version == 1 else 2 * e
-    fc_in = 2 * e if version == 1 else 3 * cfg.target_hidden_size
-    if f32("fc.weight").shape != (e, fc_in):
-        raise ValueError(f"EAGLE-{version} fc.weight has shape {f32('fc.weight').shape}, expected "
-                         f"{(e, fc_in)} (hidden size {e}, target hidden size {cfg.target_hidden_size})")
-    layer = {ours: f32(f"{pre}{theirs}.weight").T for ours, theirs in _EAGLE_LAYER.items()}
-    expect = {"wq": (width, heads * hd), "wk": (width, cfg.num_kv_heads * hd), "wv": (width, cfg.num_kv_heads * hd),
-              "wo": (heads * hd, e), "w_gate": (e, cfg.intermediate_size), "w_up": (e, cfg.intermediate_size),
-              "w_down": (cfg.intermediate_size, e)}
-    for name, shape in expect.items():
-        if layer[name].shape != shape:
-            raise ValueError(f"EAGLE-{version} {pre}{_EAGLE_LAYER[name]}.weight has shape "
-                             f"{layer[name].shape[::-1]}, expected {shape[::-1]} for hidden size {e}")
-    layer["mlp_norm"] = f32(f"{pre}post_attention_layernorm.weight")
-    params = {"fc_w": f32("fc.weight").T, "layer": layer}
+    want = eagle_head.param_shapes(cfg)
+    if f32(top["fc_w"]).shape != want["fc_w"][::-1]:
+        raise ValueError(f"EAGLE-{version} fc.weight has shape {f32(top['fc_w']).shape}, expected "
+                         f"{want['fc_w'][::-1]} (hidden size {e}, target hidden size {cfg.target_hidden_size})")
+    layer = {name: f32(names[name]).T for name in _EAGLE_MATMULS}  # torch [out, in] -> [in, out]
+    for name in _EAGLE_MATMULS:
+        if layer[name].shape != want["layer"][name]:
+            raise ValueError(f"EAGLE-{version} {names[name]} has shape {layer[name].shape[::-1]}, expected "
+                             f"{want['layer'][name][::-1]} for hidden size {e}")
+    layer["mlp_norm"] = f32(names["mlp_norm"])
+    params = {"fc_w": f32(top["fc_w"]).T, "layer": layer}
     if version == 1:
-        params["fc_b"] = f32("fc.bias")
+        params["fc_b"] = f32(top["fc_b"])
     else:
-        layer["attn_norm"] = f32(f"{pre}input_layernorm.weight")
-        layer["hidden_norm"] = f32(f"{pre}hidden_norm.weight")
-        params["norm"] = f32("norm.weight")
-        params["lm_head"] = f32("lm_head.weight").T
-        if params["lm_head"].shape != (e, cfg.draft_vocab_size):
+        layer["attn_norm"] = f32(names["attn_norm"])
+        layer["hidden_norm"] = f32(names["hidden_norm"])
+        params["norm"] = f32(top["norm"])
+        params["lm_head"] = f32(top["lm_head"]).T
+        if params["lm_head"].shape != want["lm_head"]:
             raise ValueError(f"EAGLE-3 lm_head.weight has shape {params['lm_head'].shape[::-1]}, expected "
-                             f"{(cfg.draft_vocab_size, e)}")
+                             f"{want['lm_head'][::-1]}")
         if "d2t" in sd:
             ids = np.arange(cfg.draft_vocab_size) + np.asarray(sd["d2t"], np.int64)
             if cfg.draft_vocab_size != cfg.vocab_size or np.any(ids != np.arange(cfg.vocab_size)):

@@ -15,38 +15,20 @@ from safetensors.flax import save_file
 
 from pallas_kernels import QuantizedWeight
 from specjax.models import Model, ModelConfig, param_shapes
+from specjax.models.params import LAYER, LLAMA, Param
 
-# HF per-layer name -> (specjax name, transpose). Linear weights are torch [out, in]; ours [in, out].
-_LAYER_KEYS = {
-    "input_layernorm.weight": ("attn_norm", False),
-    "self_attn.q_proj.weight": ("wq", True),
-    "self_attn.k_proj.weight": ("wk", True),
-    "self_attn.v_proj.weight": ("wv", True),
-    "self_attn.o_proj.weight": ("wo", True),
-    "self_attn.q_proj.bias": ("bq", False),
-    "self_attn.k_proj.bias": ("bk", False),
-    "self_attn.v_proj.bias": ("bv", False),
-    "self_attn.q_norm.weight": ("q_norm", False),
-    "self_attn.k_norm.weight": ("k_norm", False),
-    "post_attention_layernorm.weight": ("mlp_norm", False),
-    "mlp.gate_proj.weight": ("w_gate", True),
-    "mlp.up_proj.weight": ("w_up", True),
-    "mlp.down_proj.weight": ("w_down", True),
-}
-# Gemma 2/3 name their four norms differently: post_attention_layernorm follows attention there
-_SANDWICH_KEYS = {**_LAYER_KEYS, "post_attention_layernorm.weight": ("post_attn_norm", False),
-                  "pre_feedforward_layernorm.weight": ("mlp_norm", False),
-                  "post_feedforward_layernorm.weight": ("post_mlp_norm", False)}
-_TOP_KEYS = {"model.embed_tokens.weight": ("embed", False), "model.norm.weight": ("norm", False),
-             "lm_head.weight": ("lm_head", True)}
+# Tensor names are the declared `hf` names (specjax.models.params): per layer under
+# model.layers.N. Linear weights (`matmul`) are torch [out, in]; ours [in, out].
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$|(model\.)?(vision_tower|multi_modal_projector)\..*")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # the language model inside Gemma3ForConditionalGeneration, as transformers 5 and 4 name it
 _LANGUAGE_MODEL = re.compile(r"model\.language_model\.|language_model\.model\.")
+_TOP = {p.hf: (name, p) for name, p in LLAMA.items() if isinstance(p, Param)}
 
 
-def _layer_keys(config: ModelConfig) -> dict:
-    return _SANDWICH_KEYS if config.sandwich_norms else _LAYER_KEYS
+def _layer_keys(config: ModelConfig) -> dict[str, tuple[str, Param]]:
+    """HF per-layer name -> (specjax name, declaration), of the layer params `config` has."""
+    return {p.hf_name(config): (name, p) for name, p in LAYER.items() if p.present(config)}
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -81,7 +63,7 @@ def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
     config = ModelConfig.from_json_file(folder / "config.json", dtype=dtype)
     shapes = param_shapes(config)
     layer_keys = _layer_keys(config)
-    per_layer: dict[str, list] = {name: [None] * config.num_layers for name in shapes["layers"]}
+    per_layer: dict[str, list] = {name: [None] * config.num_layers for name, _ in layer_keys.values()}
     top: dict[str, np.ndarray] = {}
     unexpected = []
     for file in _weight_files(folder):
@@ -89,24 +71,22 @@ def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
             for key in f.keys():
                 if _IGNORED.fullmatch(key):
                     continue
-                m = _LAYER_RE.fullmatch(_LANGUAGE_MODEL.sub("model.", key, count=1))
+                plain = _LANGUAGE_MODEL.sub("model.", key, count=1)
+                m = _LAYER_RE.fullmatch(plain)
                 if m and m.group(2) in layer_keys and int(m.group(1)) < config.num_layers:
-                    name, transpose = layer_keys[m.group(2)]
-                    if name not in per_layer:
-                        unexpected.append(key)
-                        continue
+                    name, p = layer_keys[m.group(2)]
                     want = shapes["layers"][name][1:]
-                    per_layer[name][int(m.group(1))] = _checked(f.get_tensor(key), key, want, transpose)
-                elif _LANGUAGE_MODEL.sub("model.", key, count=1) in _TOP_KEYS:
-                    name, transpose = _TOP_KEYS[_LANGUAGE_MODEL.sub("model.", key, count=1)]
-                    if name == "lm_head" and config.tie_word_embeddings:
-                        continue  # tied: the head is the embedding
-                    top[name] = _checked(f.get_tensor(key), key, shapes[name], transpose)
+                    per_layer[name][int(m.group(1))] = _checked(f.get_tensor(key), key, want, p.matmul)
+                elif plain in _TOP:
+                    name, p = _TOP[plain]
+                    if not p.present(config):
+                        continue  # a tied model's lm_head: the head is the embedding
+                    top[name] = _checked(f.get_tensor(key), key, shapes[name], p.matmul)
                 else:
                     unexpected.append(key)
-    missing = [f"model.layers.{i}.{_hf_layer_name(layer_keys, n)}" for n, ws in per_layer.items()
-               for i, w in enumerate(ws) if w is None]
-    missing += [_hf_top_name(n) for n in shapes if n != "layers" and n not in top]
+    missing = [f"model.layers.{i}.{hf}" for hf, (n, _) in layer_keys.items()
+               for i, w in enumerate(per_layer[n]) if w is None]
+    missing += [p.hf for n, p in LLAMA.items() if isinstance(p, Param) and p.present(config) and n not in top]
     if missing or unexpected:
         raise ValueError(f"{folder}: checkpoint does not match config.json "
                          f"(missing tensors: {missing[:8]}{' ...' if len(missing) > 8 else ''}; "
@@ -133,14 +113,6 @@ def _checked(t, key, want, transpose):
     return t
 
 
-def _hf_layer_name(layer_keys, name):
-    return next(k for k, (n, _) in layer_keys.items() if n == name)
-
-
-def _hf_top_name(name):
-    return next(k for k, (n, _) in _TOP_KEYS.items() if n == name)
-
-
 def save_hf(model: Model, path: str | os.PathLike) -> None:
     """Write an HF folder (config.json + model.safetensors) that transformers loads."""
     config, params = model.config, model.params
@@ -149,14 +121,13 @@ def save_hf(model: Model, path: str | os.PathLike) -> None:
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
-    for name, (key, transpose) in ((n, (k, t)) for k, (n, t) in _TOP_KEYS.items()):
+    for key, (name, p) in _TOP.items():
         if name in params:
-            tensors[key] = params[name].T if transpose else params[name]
-    for hf_name, (name, transpose) in _layer_keys(config).items():
-        if name in params["layers"]:
-            for i in range(config.num_layers):
-                w = params["layers"][name][i]
-                tensors[f"model.layers.{i}.{hf_name}"] = w.T if transpose else w
+            tensors[key] = params[name].T if p.matmul else params[name]
+    for hf_name, (name, p) in _layer_keys(config).items():
+        for i in range(config.num_layers):
+            w = params["layers"][name][i]
+            tensors[f"model.layers.{i}.{hf_name}"] = w.T if p.matmul else w
     weights = folder / "model.safetensors"
     save_file({k: jnp.asarray(v) for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)  # safetensors writes 0600; a model folder is meant to be shared

@@ -1,10 +1,11 @@
-"""Drafters: one class per method, each a pytree with pure init/propose/update; one module per
-family (base: the protocol and AR; sparse_tree: Medusa's static tree, shared by the head
-drafters; self_draft: the layer-skipped chain Swift and DEL draft; checkpoints of heads live in
-`specjax.convert.heads`)."""
+"""Drafters: the protocol (`base`: Drafter, Context, AR) and one module per method, each a pytree
+with pure init/propose/update and a NamedTuple state of its own. Pieces several drafters share
+are in `blocks` (feature cache, suffix automaton, layer-skip drafting); tree shapes, pruning and
+growth in `specjax.tree`; head checkpoints in `specjax.convert.heads`; the methods by name in
+`specjax.methods`."""
 
 from specjax.drafters.aded import ADED
-from specjax.drafters.base import Context, Drafter, NoDrafter
+from specjax.drafters.base import Context, Drafter, EmptyState, NoDrafter
 from specjax.drafters.clover import Clover
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.dynamic_exit import DEL
@@ -20,6 +21,6 @@ from specjax.drafters.recycling import TokenRecycling
 from specjax.drafters.sam import SAM
 from specjax.drafters.swift import Swift
 
-__all__ = ["Context", "Drafter", "NoDrafter", "ADED", "DraftModel", "Clover", "DEL", "Eagle", "Forced", "Medusa",
-           "Lookahead", "PPD", "HiddenTransfer", "PromptLookup", "RASD", "SAM", "SpeculativeJacobi", "Swift",
-           "TokenRecycling"]
+__all__ = ["Context", "Drafter", "EmptyState", "NoDrafter", "ADED", "DraftModel", "Clover", "DEL", "Eagle",
+           "Forced", "Medusa", "Lookahead", "PPD", "HiddenTransfer", "PromptLookup", "RASD", "SAM",
+           "SpeculativeJacobi", "Swift", "TokenRecycling"]

@@ -15,7 +15,7 @@ the back-off used when (a, b) was never seen, its probabilities scaled by `backo
 The search. A beam of `beam` paths grows `depth` levels; each path's last two tokens index the
 table and its `top` successors are scored path probability x P(c | a, b); the best `beam` of a
 level's candidates expand the next. Of all candidates, those scoring >= `min_score` and the
-best `num_nodes - 1` of them form the tree (`tree_budget.best_subtree`), so an unsure step
+best `num_nodes - 1` of them form the tree (`specjax.tree.budget.best_subtree`), so an unsure step
 verifies few nodes and a step with nothing seen verifies the root alone (`tree_sizes`).
 Adapted from the paper: its MCTS-style search becomes this beam search under a node budget.
 Drafts are deterministic (q = None): Greedy at T = 0, TopK when sampling.
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters import tree_budget
 from specjax.drafters.base import Context, Drafter
 from specjax.tree import DraftTree
+from specjax.tree.budget import best_subtree
 
 
 class TrigramTable(NamedTuple):
@@ -187,5 +187,5 @@ class ADED(Drafter):
             last = jnp.take_along_axis(toks[-1], pick, 1)
             offset += w * k
         score = jnp.concatenate(scores, 1)
-        return tree_budget.best_subtree(jnp.concatenate(toks, 1), jnp.concatenate(parents, 1), score,
-                                        score >= max(self.min_score, 1e-9), self.num_nodes, self.depth)
+        return best_subtree(jnp.concatenate(toks, 1), jnp.concatenate(parents, 1), score,
+                            score >= max(self.min_score, 1e-9), self.num_nodes, self.depth)

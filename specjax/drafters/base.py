@@ -9,6 +9,7 @@ as an ordinary argument. Its three pure functions, optax-style:
     inject = drafter.injection(state, tree, positions)               # extra verify-pass inputs
     state = drafter.update(state, ctx, tree, verdict, target_out)   # after verify and commit
 
+A drafter's state is a NamedTuple of its own (`EmptyState` when it keeps none), optax-style.
 `propose` returns the state too, because proposing may write a draft model's KV cache. The
 target itself comes in `ctx.model` (and to `init` as `target`), so a head drafter reads the
 target's embedding and LM head from there instead of carrying copies in its state.
@@ -23,14 +24,17 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specjax import verify
 from specjax.constraints.base import Constraint, Unconstrained
 from specjax.models import ForwardOutput, Injection, KVCache, Model
 from specjax.sampling import SamplingParams
-from specjax.tree import DraftTree, Verdict
+from specjax.tree import DraftTree, Verdict, row_gather
+
+
+class EmptyState(NamedTuple):
+    """The state of a drafter that keeps none."""
 
 
 class Context(NamedTuple):
@@ -56,7 +60,7 @@ class Context(NamedTuple):
 
     @property
     def root(self) -> jax.Array:
-        return jnp.take_along_axis(self.tokens, (self.length - 1)[:, None], axis=1)[:, 0]
+        return row_gather(self.tokens, self.length - 1)
 
     def constrain(self, logits: jax.Array, tree: DraftTree | None = None, nodes=slice(0, 1)) -> jax.Array:
         """logits float[B, n, V] of the tree nodes `nodes` (a slice of n nodes; tree None: the
@@ -118,7 +122,7 @@ class Drafter:
         """The state after the target's prefill. `prefill`: the target's output over
         prompts[:, :-1] (None for one-token prompts): its `hidden` [B,T-1,E] and `layer_hidden`
         (the `target_layers`); head drafters start from it, the rest ignore it."""
-        return ()
+        return EmptyState()
 
     def propose(self, state, ctx: Context, key: jax.Array) -> tuple[DraftTree, Any]:
         raise NotImplementedError
@@ -144,18 +148,3 @@ class NoDrafter(Drafter):
     def propose(self, state, ctx, key):
         return DraftTree.build(ctx.root[:, None], np.array([-1], np.int32), max_depth=0), state
 
-
-def static_tree(parents: list[int] | np.ndarray) -> np.ndarray:
-    """Validate a static template of parent indices (root first, parents[i] < i)."""
-    parents = np.asarray(parents, np.int32)
-    if parents.ndim != 1 or parents[0] != -1 or np.any(parents[1:] >= np.arange(1, len(parents))) \
-            or np.any(parents[1:] < 0):
-        raise ValueError(f"a tree template needs parents[0] = -1 and 0 <= parents[i] < i, got {parents}")
-    return parents
-
-
-def template_depth(parents: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(parents), np.int32)
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
-    return depth

@@ -20,14 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import heads as ckpt
-from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
-from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
+from specjax.drafters.blocks import feature_cache
 from specjax.heads import clover as clover_head
 from specjax.heads import vocab
 from specjax.heads.clover import CloverConfig
 from specjax.models import Model, lm_head_weight
-from specjax.tree import DraftTree
+from specjax.tree import DraftTree, Template, row_gather
+from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
 
 
 @jax.tree_util.register_dataclass
@@ -48,7 +48,7 @@ class Clover(Drafter):
         object.__setattr__(self, "accuracy", checked_accuracy(self.tree_size, self.accuracy))
 
     @property
-    def template(self) -> SparseTree:
+    def template(self) -> Template:
         return sparse_tree(self.accuracy or geometric_prior(self.config.num_heads, 0.6), self.tree_size)
 
     num_nodes = property(lambda self: self.tree_size)
@@ -86,8 +86,8 @@ class Clover(Drafter):
                                    (self.max_depth + 1, self.config.hidden_size), f, prompts, lengths)
 
     def update(self, state, ctx, tree, verdict, target_out):
-        feats = feature_cache.on_path(target_out.layer_hidden[0], verdict.path)  # [B, D+1, E]
-        return {**state, "feats": feats.astype(jnp.float32)}
+        feats = row_gather(target_out.layer_hidden[0], verdict.path)  # [B, D+1, E]
+        return state._replace(feats=feats.astype(jnp.float32))
 
     def _entries(self, target: Model, feats, tokens, pos, mask, cache):
         """The Augmenting Block on new cache entries (a `feature_cache.Run`, given the target)."""
@@ -101,12 +101,12 @@ class Clover(Drafter):
     # ---- propose -------------------------------------------------------------------------------
 
     def propose(self, state, ctx: Context, key):
-        cfg, params, cache = self.config, self.params, state["cache"]
+        cfg, params = self.config, self.params
         b, head = ctx.tokens.shape[0], vocab.lm_head(params, lm_head_weight(ctx.model.config, ctx.model.params))
 
         # 1. catch up: entries [dc, length - 1) read the hidden states of the accepted path.
         run = functools.partial(self._entries, ctx.model)
-        cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
+        cache, h_root = feature_cache.catch_up(run, state.cache, state.feats, ctx.tokens, ctx.length)
 
         # 2. the tree, depth by depth: children are ranked tokens of their parent's head.
         parents, rank, depth = self.template.parents, self.template.rank, self.template.depth
@@ -123,7 +123,7 @@ class Clover(Drafter):
                 out, hstate = clover_head.next_head(cfg, params, hstate[:, local], self._embed(ctx.model, drafted))
                 level = nodes
         tree = DraftTree.build(tokens, parents, max_depth=self.max_depth)
-        return tree, {**state, "cache": cache}
+        return tree, state._replace(cache=cache)
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -140,9 +140,8 @@ class Clover(Drafter):
         """A specjax head folder or 'tiny' (the head shipped for the tiny target). `settings`
         override the saved ones (tree_size, accuracy); with `target`, the head is checked
         against it."""
-        params, meta = ckpt.read_head(ckpt.resolve_head(path, "clover"), "clover", "Clover")
-        kw = {"tree_size": meta.get("tree_size", 16), "accuracy": ckpt.accuracy_table(meta)}
-        d = cls(params, CloverConfig.from_dict(meta["config"]), **{**kw, **settings})
+        params, cfg, stored = ckpt.read_clover(path)
+        d = cls(params, cfg, **{**stored, **settings})
         if target is not None:
             d.check(target)
         return d

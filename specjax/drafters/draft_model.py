@@ -9,7 +9,7 @@ Modes (each builds its tree level by level, one draft forward per level):
   without replacement from the draft over sequences (RSD-S);
 - "topk": a static tree template whose children are the draft's top tokens in rank order,
   deterministic (q = point mass; TopK);
-- "dyspec": DySpec's dynamic tree (`specjax.drafters.dyspec`), `depth` rounds of the `width`
+- "dyspec": DySpec's dynamic tree (`specjax.tree.growth.dyspec`), `depth` rounds of the `width`
   best slots by the draft's path probability, children drawn without replacement (RSD).
 
 At temperature 0 every mode drafts deterministically (argmax, top-k, plain beam search) from
@@ -28,18 +28,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling, verify
-from specjax.drafters import dyspec
-from specjax.drafters.base import Context, Drafter, static_tree, template_depth
+from specjax.drafters.base import Context, Drafter
 from specjax.models import KVCache, Model, forward
-from specjax.tree import DraftTree
+from specjax.tree import DraftTree, Template, growth
 
 MODES = ("chain", "iid", "gumbel", "beam", "topk", "dyspec")
+
+
+class DraftModelState(NamedTuple):
+    cache: KVCache  # the draft's own KV cache, committed up to the target's length
 
 
 @jax.tree_util.register_dataclass
@@ -71,8 +75,7 @@ class DraftModel(Drafter):
         if self.mode == "gumbel" and (not self.branching or min(self.branching) < 1):
             raise ValueError(f"branching must be a non-empty tuple of integers >= 1, got {self.branching}")
         if self.mode == "topk":
-            depth = template_depth(static_tree(self.template))
-            if np.any(np.diff(depth) < 0):
+            if np.any(np.diff(Template.from_parents(self.template).depth) < 0):
                 raise ValueError("a topk template must list nodes breadth-first (depth non-decreasing)")
 
     @property
@@ -90,8 +93,8 @@ class DraftModel(Drafter):
             return [self.k if self.mode == "iid" else self.width] * self.depth
         if self.mode == "gumbel":
             return [math.prod(self.branching[: i + 1]) for i in range(len(self.branching))]
-        depth = template_depth(np.asarray(self.template))
-        return [int((depth == d).sum()) for d in range(1, depth.max() + 1)]
+        t = Template.from_parents(self.template)
+        return [len(t.level(d)) for d in range(1, t.max_depth + 1)]
 
     @property
     def num_nodes(self) -> int:
@@ -145,10 +148,10 @@ class DraftModel(Drafter):
         cache = KVCache.init(cfg, prompts.shape[0], cache_len)
         if prompts.shape[1] > 1:
             cache = forward(cfg, self.draft.params, prompts[:, :-1], cache=cache, compute_logits=False).cache
-        return cache._replace(lengths=lengths - 1)
+        return DraftModelState(cache._replace(lengths=lengths - 1))
 
-    def propose(self, cache: KVCache, ctx: Context, key):
-        cfg = self.draft.config
+    def propose(self, state: DraftModelState, ctx: Context, key):
+        cfg, cache = self.draft.config, state.cache
         b = ctx.tokens.shape[0]
         # 1. catch up on the tokens committed since the last propose (the root last): `chunk` at
         #    a time while any row lags more than one window, then one window.
@@ -172,9 +175,9 @@ class DraftModel(Drafter):
         if self.mode == "dyspec":
             def dist_after(tree, new, carry):
                 return process(self._tree_logits(tree, cache, ctx)[:, new.start - 1: new.stop - 1]), carry
-            tree, _ = dyspec.grow(ctx.root, process(root_logits[:, 0]), dist_after, None, key,
-                                  widths=tuple(self._levels), greedy=greedy)
-            return tree, cache
+            tree, _ = growth.dyspec(ctx.root, process(root_logits[:, 0]), dist_after, None, key,
+                                    widths=tuple(self._levels), greedy=greedy)
+            return tree, DraftModelState(cache)
         n, levels = self.num_nodes, self._levels
         tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(ctx.root)
         parents = jnp.broadcast_to(jnp.asarray(self._static_parents()), (b, n))
@@ -199,7 +202,8 @@ class DraftModel(Drafter):
         valid = jnp.take_along_axis(q, tokens[:, :, None], axis=2)[..., 0] > 0
         valid = valid.at[:, 0].set(True)
         tree_q = None if (greedy or self.mode == "topk") else q
-        return DraftTree.build(tokens, parents, q=tree_q, valid=valid, max_depth=self.max_depth), cache
+        tree = DraftTree.build(tokens, parents, q=tree_q, valid=valid, max_depth=self.max_depth)
+        return tree, DraftModelState(cache)
 
     def _tree_logits(self, tree: DraftTree, cache: KVCache, ctx: Context) -> jax.Array:
         """The draft's logits after every non-root node of `tree` [B, N-1, V] (the tree's K/V
@@ -245,11 +249,9 @@ class DraftModel(Drafter):
     def _selection(self, level) -> tuple[np.ndarray, np.ndarray]:
         """For each node of level + 1 (static layouts): its parent's position within level
         `level`, and its rank among its siblings (the k-th child takes the k-th draw)."""
-        parents = self._static_parents()
-        depth = template_depth(parents)
-        nodes, prev = np.flatnonzero(depth == level + 1), np.flatnonzero(depth == level)
-        rank = np.array([np.sum(parents[nodes[:j]] == parents[nodes[j]]) for j in range(len(nodes))])
-        return np.searchsorted(prev, parents[nodes]).astype(np.int32), rank.astype(np.int32)
+        t = Template.from_parents(self._static_parents())
+        nodes = t.level(level + 1)
+        return np.searchsorted(t.level(level), t.parents[nodes]).astype(np.int32), t.rank[nodes]
 
 
 def _tokens_from(tokens, start, n):

@@ -16,7 +16,7 @@ from tracked per-layer acceptance.
   8 layers on SmolLM2-135M, where the paper's 7B models make it under 1 and leave it out).
   d = 0 (no draft: an AR step) wins when no exit agrees enough.
 - Dynamic draft exiting: a row also stops after a token drafted with confidence below
-  `threshold` (drafters/self_draft.py).
+  `threshold` (`specjax.drafters.blocks.self_draft`).
 
 Adapted: exits are a static set (`exits`, layer counts), since each is an extra LM-head read
 in `update` (the paper decodes every layer); rows of a batch share one forward, which runs the
@@ -33,7 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters import self_draft
+from specjax.drafters.blocks import self_draft
 from specjax.drafters.base import Context
 from specjax.models import Model, ModelConfig, lm_head
 from specjax.models.layer_skip import exit_logits

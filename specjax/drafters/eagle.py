@@ -1,8 +1,9 @@
 """The EAGLE drafter: an EAGLE-1 or EAGLE-3 draft layer (`specjax.heads.eagle`) growing a
 dynamic tree from the target's features, one of two kinds (`tree`):
-- "topk": EAGLE-2's tree, deterministic top-k expansions reranked by path probability (q =
-  None): Greedy is exact at temperature 0 and TopK when sampling;
-- "dyspec": DySpec's dynamic tree (`specjax.drafters.dyspec`) over the head's processed
+- "topk": EAGLE-2's tree (`specjax.tree.growth.eagle2`), deterministic top-k expansions
+  reranked by path probability (q = None): Greedy is exact at temperature 0 and TopK when
+  sampling;
+- "dyspec": DySpec's dynamic tree (`specjax.tree.growth.dyspec`) over the head's processed
   distribution, children drawn without replacement when sampling (q set: RSD is exact, where
   TopK would treat the drafts as point masses); at temperature 0 the head's top tokens (Greedy).
 Checkpoints, including the published EAGLE-1 / EAGLE-3 layouts: `specjax.convert.heads`."""
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +19,12 @@ import numpy as np
 
 from specjax import sampling, verify
 from specjax.convert import heads as ckpt
-from specjax.drafters import dyspec, feature_cache, tree_budget
 from specjax.drafters.base import Context, Drafter
+from specjax.drafters.blocks import feature_cache
 from specjax.heads import eagle as eagle_head
 from specjax.heads.eagle import EagleConfig
 from specjax.models import Model, lm_head_weight
-from specjax.tree import DraftTree
+from specjax.tree import DraftTree, growth, row_gather
 
 TREES = ("topk", "dyspec")
 
@@ -143,10 +143,10 @@ class Eagle(Drafter):
                                    (self.depth + 1, self.config.hidden_size), f, prompts, lengths)
 
     def update(self, state, ctx, tree, verdict, target_out):
-        hidden = feature_cache.on_path(target_out.hidden, verdict.path)  # [B, D+1, E]
+        hidden = row_gather(target_out.hidden, verdict.path)  # [B, D+1, E]
         lh = target_out.layer_hidden
-        layers = None if lh is None else jax.vmap(feature_cache.on_path, (0, None))(lh, verdict.path)
-        return {**state, "feats": self._feature(hidden, layers)}
+        layers = None if lh is None else jax.vmap(row_gather, (0, None))(lh, verdict.path)
+        return state._replace(feats=self._feature(hidden, layers))
 
     def _entries(self, target: Model, feats, tokens, pos, mask, cache):
         """The draft layer on new cache entries (a `feature_cache.Run`, given the target)."""
@@ -158,92 +158,41 @@ class Eagle(Drafter):
 
     def propose(self, state, ctx: Context, key):
         cfg, params = self.config, self.params
-        cache, embed_w = state["cache"], ctx.model.params["embed"]
         head_w = lm_head_weight(ctx.model.config, ctx.model.params) if cfg.version == 1 else None
-        b = ctx.tokens.shape[0]
-        k, depth, n = self.top_k, self.depth, self.total_tokens
-        emb = lambda tok: eagle_head.embed(params, embed_w, tok)
-        draft_logp = lambda h: jnp.maximum(jax.nn.log_softmax(eagle_head.logits(cfg, params, h, head_w), -1), -1e4)
+        logits = lambda h: eagle_head.logits(cfg, params, h, head_w)
 
         # 1. catch up: entries [dc, length - 1) read the features of the accepted path.
         run = functools.partial(self._entries, ctx.model)
-        cache, h_root = feature_cache.catch_up(run, cache, state["feats"], ctx.tokens, ctx.length)
-        if self.tree == "dyspec":
-            return self._dyspec(cache, h_root, ctx, key, head_w), {**state, "cache": cache}
+        cache, h_root = feature_cache.catch_up(run, state.cache, state.feats, ctx.tokens, ctx.length)
 
-        # 2. expand: the top_k beams, top_k children each, for `depth` levels.
-        lp, tk = jax.lax.top_k(draft_logp(h_root)[:, 0], k)  # [B, k]
-        cand_tok, cand_par, cand_score = [tk], [jnp.full((b, k), -1, jnp.int32)], [lp]
-        beam_tok, beam_score, beam_cand = tk, lp, jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
-        beam_feat = jnp.broadcast_to(h_root, (b, k, cfg.hidden_size))
-        m = (depth - 1) * k
-        ent_tok = jnp.zeros((b, max(m, 1)), jnp.int32)
-        ent_feat = jnp.zeros((b, max(m, 1), cfg.hidden_size), jnp.float32)
-        ent_anc = jnp.zeros((b, max(m, 1), max(m, 1)), bool)
-        beam_entry = jnp.full((b, k), -1, jnp.int32)  # the entry that produced each beam (-1: root)
-        rows = jnp.arange(b)[:, None]
-        offset = k
-        for s in range(1, depth):
-            new = np.arange((s - 1) * k, s * k)
-            own = jax.nn.one_hot(jnp.asarray(new), max(m, 1), dtype=bool)[None]  # [1, k, M]
-            parent_anc = jnp.where((beam_entry >= 0)[:, :, None],
-                                   ent_anc[rows, jnp.maximum(beam_entry, 0)], False)
-            ent_anc = ent_anc.at[:, new].set(parent_anc | own)
-            ent_tok = ent_tok.at[:, new].set(beam_tok)
-            ent_feat = ent_feat.at[:, new].set(beam_feat)
-            e = s * k
-            ent_depth = jnp.asarray(np.repeat(np.arange(1, s + 1), k), jnp.int32)
-            pos = feature_cache.root_entry(ctx.length)[:, None] + ent_depth[None, :]
-            out, _, _ = eagle_head.step(cfg, params, emb(ent_tok[:, :e]), ent_feat[:, :e], pos, cache,
-                                        ent_anc[:, :e, :e])
-            out = out[:, (s - 1) * k: e]  # [B, k, E]
-            clp, ctok = jax.lax.top_k(draft_logp(out), k)  # [B, k, k]
-            score = (beam_score[:, :, None] + clp).reshape(b, k * k)
-            cand_tok.append(ctok.reshape(b, k * k))
-            cand_par.append(jnp.repeat(beam_cand, k, axis=1))
-            cand_score.append(score)
-            beam_score, best = jax.lax.top_k(score, k)
-            beam_tok = jnp.take_along_axis(ctok.reshape(b, k * k), best, axis=1)
-            beam_cand = offset + best.astype(jnp.int32)
-            beam_entry = (s - 1) * k + (best // k).astype(jnp.int32)
-            beam_feat = jnp.take_along_axis(out, (best // k)[:, :, None], axis=1)
-            offset += k * k
+        # 2. grow the tree, one head step per round over its non-root nodes so far.
+        b, e = ctx.tokens.shape[0], cfg.hidden_size
+        size = self.total_tokens if self.tree == "dyspec" else 1 + (self.depth - 1) * self.top_k
+        outs = jnp.zeros((b, size, e), jnp.float32).at[:, 0].set(h_root[:, 0])
+        after = functools.partial(self._outputs_after, ctx, cache)
+        if self.tree == "dyspec":  # q: the head's processed distribution over the target's vocabulary
+            # (an EAGLE-3 draft vocabulary maps through d2t: q is zero outside it, as exact rules allow)
+            dist = lambda h: sampling.draft_probs(logits(h), ctx.sampling)
+            tree, _ = growth.dyspec(ctx.root, dist(h_root[:, 0]), _mapped(after, dist), outs, key,
+                                    widths=self.widths, greedy=ctx.sampling.greedy)
+        else:
+            logp = lambda h: jnp.maximum(jax.nn.log_softmax(logits(h), -1), -1e4)
+            tree, _ = growth.eagle2(ctx.root, logp(h_root)[:, 0], _mapped(after, logp), outs, top_k=self.top_k,
+                                    depth=self.depth, num_nodes=self.total_tokens, min_prob=self.min_prob)
+        return tree, state._replace(cache=cache)
 
-        # 3. rerank (EAGLE-2): the root and the n - 1 candidates of highest path probability
-        #    (at least min_prob), parents first, the kept ones before the dropped.
-        cand_tok, cand_par, cand_score = (jnp.concatenate(x, 1) for x in (cand_tok, cand_par, cand_score))
-        tokens = jnp.concatenate([ctx.root[:, None], cand_tok], 1)
-        parents = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), cand_par + 1], 1)  # candidate c is node c + 1
-        score = jnp.concatenate([jnp.zeros((b, 1)), cand_score], 1)
-        tree = tree_budget.best_subtree(tokens, parents, score, score >= jnp.log(self.min_prob), n, depth)
-        return tree, {**state, "cache": cache}
-
-    def _dyspec(self, cache, h_root, ctx: Context, key, head_w) -> DraftTree:
-        """DySpec's tree from the root's output h_root [B, 1, E]: each round one head step over
-        the non-root nodes so far (node i reads its parent's output and its own token, at entry
-        position root_entry + depth(i), seeing its ancestors), as the topk tree's levels do. q is
-        the head's processed distribution over the target's whole vocabulary (an EAGLE-3 draft
-        vocabulary maps through d2t; q is zero elsewhere, which every exact rule handles)."""
-        cfg, params = self.config, self.params
-        greedy = ctx.sampling.greedy
-        process = functools.partial(sampling.draft_probs, params=ctx.sampling)
-        dist = lambda h: process(eagle_head.logits(cfg, params, h, head_w))
-        b, n = ctx.tokens.shape[0], self.total_tokens
-        rows = jnp.arange(b)[:, None]
-        outs = jnp.zeros((b, n, cfg.hidden_size), jnp.float32).at[:, 0].set(h_root[:, 0])
-
-        def dist_after(tree: DraftTree, new: slice, outs):
-            m = new.stop  # nodes 1..m-1 so far
-            feat = outs[rows, jnp.maximum(tree.parents[:, 1:m], 0)]
-            emb = eagle_head.embed(params, ctx.model.params["embed"], tree.tokens[:, 1:m])
-            pos = tree.positions(feature_cache.root_entry(ctx.length))[:, 1:m]
-            out, _, _ = eagle_head.step(cfg, params, emb, feat, pos, cache, tree.ancestors[:, 1:m, 1:m])
-            out = out[:, new.start - 1:]
-            return dist(out), outs.at[:, new].set(out)
-
-        tree, _ = dyspec.grow(ctx.root, dist(h_root[:, 0]), dist_after, outs, key, widths=self.widths,
-                              greedy=greedy)
-        return tree
+    def _outputs_after(self, ctx: Context, cache, tree: DraftTree, new: slice, outs):
+        """The head's outputs [B, n_new, E] at the `new` nodes of a growing tree, and `outs`
+        [B, N, E] (the root's first) with them: one head step over the non-root nodes so far
+        (node i reads its parent's output and its own token at entry position root_entry +
+        depth(i), seeing its ancestors)."""
+        m = new.stop
+        feat = row_gather(outs, jnp.maximum(tree.parents[:, 1:m], 0))
+        emb = eagle_head.embed(self.params, ctx.model.params["embed"], tree.tokens[:, 1:m])
+        pos = tree.positions(feature_cache.root_entry(ctx.length))[:, 1:m]
+        out, _, _ = eagle_head.step(self.config, self.params, emb, feat, pos, cache, tree.ancestors[:, 1:m, 1:m])
+        out = out[:, new.start - 1:]
+        return out, outs.at[:, new].set(out)
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -264,23 +213,19 @@ class Eagle(Drafter):
         + `model.safetensors`, or `pytorch_model.bin` with allow_pickle=True). EAGLE-3
         checkpoints do not record which target layers they fuse: pass `target_layers` or the
         `target` (EAGLE-3's default taps). With `target`, the head is checked against it."""
-        p = ckpt.resolve_head(path, "eagle")
-        if ckpt.is_head_folder(p):
-            params, meta = ckpt.read_head(p, "eagle", "EAGLE")
-            kw = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes", "tree")
-                  if k in meta}
-            if settings.get("tree", kw.get("tree")) == "dyspec" and "min_prob" not in settings:
-                kw.pop("min_prob", None)  # a stored top-k tree's confidence gate: DySpec keeps every node
-            d = cls(params, EagleConfig.from_dict(meta["config"]), **{**kw, **settings})
-        else:
-            folder = p if p.is_dir() else p.parent
-            file = ckpt.pick(p, ("model.safetensors", "pytorch_model.bin"), allow_pickle) if p.is_dir() else p
-            if not (folder / "config.json").is_file():
-                raise FileNotFoundError(f"{folder}: a published EAGLE head needs its config.json")
-            hf = json.loads((folder / "config.json").read_text())
-            sd = ckpt.read_tensors(file, allow_pickle)
-            params, cfg = ckpt.eagle_from_state_dict(sd, hf, target, target_layers)
-            d = cls(params, cfg, **settings)
+        params, cfg, stored = ckpt.read_eagle(path, target, target_layers, allow_pickle)
+        if settings.get("tree", stored.get("tree")) == "dyspec" and "min_prob" not in settings:
+            stored.pop("min_prob", None)  # a stored top-k tree's confidence gate: DySpec keeps every node
+        d = cls(params, cfg, **{**stored, **settings})
         if target is not None:
             d.check(target)
         return d
+
+
+def _mapped(after, f):
+    """A growth callback: `after`'s head outputs at the new nodes mapped by f (to
+    distributions or log-probabilities)."""
+    def call(tree, new, outs):
+        out, outs = after(tree, new, outs)
+        return f(out), outs
+    return call

@@ -19,6 +19,7 @@ exact. Its role is the context that gives the next window its laws.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,14 +27,18 @@ import numpy as np
 
 from specjax import sampling, verify
 from specjax.drafters.base import Context, Drafter
-from specjax.tree import DraftTree, chain
+from specjax.tree import chain
+
+
+class JacobiState(NamedTuple):
+    laws: jax.Array  # float32[B, window, V]: the next window's laws
+    known: jax.Array  # int32[B]: how many of them the target gave (the rest: filler)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SpeculativeJacobi(Drafter):
-    """SJD with a Jacobi window of `window` guessed tokens. State: the next window's laws
-    float32[B, window, V] and how many of them the target gave, int32[B] (the rest: filler)."""
+    """SJD with a Jacobi window of `window` guessed tokens. State: a JacobiState."""
 
     window: int = dataclasses.field(default=7, metadata=dict(static=True))
 
@@ -56,12 +61,12 @@ class SpeculativeJacobi(Drafter):
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
         b = prompts.shape[0]
-        return {"laws": jnp.zeros((b, self.window, target.config.vocab_size), jnp.float32),
-                "known": jnp.zeros((b,), jnp.int32)}
+        return JacobiState(jnp.zeros((b, self.window, target.config.vocab_size), jnp.float32),
+                           jnp.zeros((b,), jnp.int32))
 
     def propose(self, state, ctx: Context, key):
-        laws = state["laws"]
-        known = jnp.arange(self.window)[None, :] < state["known"][:, None]  # [B, W]
+        laws = state.laws
+        known = jnp.arange(self.window)[None, :] < state.known[:, None]  # [B, W]
         if ctx.sampling.greedy:
             guess = jnp.argmax(laws, axis=-1)
         else:
@@ -78,7 +83,7 @@ class SpeculativeJacobi(Drafter):
         a = verdict.num_accepted
         source = jnp.minimum(a[:, None] + 1 + np.arange(self.window)[None, :], self.window)  # [B, W]
         logits = jnp.take_along_axis(target_out.logits, source[:, :, None], axis=1)
-        return {"laws": sampling.probs(logits, ctx.sampling), "known": self.window - a}
+        return JacobiState(sampling.probs(logits, ctx.sampling), self.window - a)
 
 
-__all__ = ["SpeculativeJacobi"]
+__all__ = ["SpeculativeJacobi", "JacobiState"]

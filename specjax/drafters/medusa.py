@@ -6,19 +6,24 @@ acceptance (`sj.verify.Typical`) is opt-in and lossy. Checkpoints: `specjax.conv
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.convert import heads as ckpt
-from specjax.drafters import feature_cache
 from specjax.drafters.base import Context, Drafter
-from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
+from specjax.drafters.blocks import feature_cache
 from specjax.heads import medusa as medusa_head
 from specjax.heads import vocab
 from specjax.models import Model, lm_head_weight
-from specjax.tree import DraftTree
+from specjax.tree import DraftTree, Template, row_gather
+from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
+
+
+class MedusaState(NamedTuple):
+    hidden: jax.Array  # float32[B, E]: the target's final normed hidden of the last accepted token
 
 
 @jax.tree_util.register_dataclass
@@ -40,7 +45,7 @@ class Medusa(Drafter):
         object.__setattr__(self, "accuracy", checked_accuracy(self.tree_size, self.accuracy))
 
     @property
-    def template(self) -> SparseTree:
+    def template(self) -> Template:
         return sparse_tree(self.accuracy or geometric_prior(medusa_head.num_heads(self.params), 0.6),
                            self.tree_size)
 
@@ -61,14 +66,14 @@ class Medusa(Drafter):
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
         if prefill is None:
-            return {"hidden": jnp.zeros((prompts.shape[0], target.config.hidden_size), jnp.float32)}
-        return {"hidden": feature_cache.last_feature(prefill.hidden, lengths).astype(jnp.float32)}
+            return MedusaState(jnp.zeros((prompts.shape[0], target.config.hidden_size), jnp.float32))
+        return MedusaState(feature_cache.last_feature(prefill.hidden, lengths).astype(jnp.float32))
 
     def propose(self, state, ctx: Context, key):
         t = self.template
         # heads without their own LM head share the target's
         head = None if "w2" in self.params else lm_head_weight(ctx.model.config, ctx.model.params)
-        logits = medusa_head.apply(self.params, state["hidden"], self.num_layers, head)  # [B,K,V]
+        logits = medusa_head.apply(self.params, state.hidden, self.num_layers, head)  # [B,K,V]
         top = vocab.target_ids(self.params, jax.lax.top_k(logits, min(t.num_ranks, logits.shape[-1]))[1])
         rank_c = np.minimum(t.rank, top.shape[-1] - 1)
         drafted = top[:, np.maximum(t.depth[1:] - 1, 0), rank_c[1:]]  # [B, N-1]
@@ -76,9 +81,7 @@ class Medusa(Drafter):
         return DraftTree.build(tokens, t.parents, max_depth=self.max_depth), state
 
     def update(self, state, ctx, tree, verdict, target_out):
-        last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)  # [B, 1]
-        h = jnp.take_along_axis(target_out.hidden, last[:, :, None], axis=1)[:, 0].astype(jnp.float32)
-        return {"hidden": h}
+        return MedusaState(row_gather(target_out.hidden, verdict.last_node).astype(jnp.float32))
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -97,14 +100,5 @@ class Medusa(Drafter):
     def load(cls, path, *, allow_pickle: bool = False, **settings) -> "Medusa":
         """A specjax head folder, 'tiny', or Medusa's published `medusa_lm_head.safetensors`
         (a file or a folder holding it; head count and layers inferred from the keys)."""
-        p = ckpt.resolve_head(path, "medusa")
-        if ckpt.is_head_folder(p):
-            params, meta = ckpt.read_head(p, "medusa", "Medusa")
-            kw = dict(num_layers=meta.get("num_layers", 1), tree_size=meta.get("tree_size", 16),
-                      accuracy=ckpt.accuracy_table(meta))
-            return cls(params, **{**kw, **settings})
-        if p.is_dir():
-            names = ("medusa_lm_head.safetensors", "model.safetensors", "medusa_lm_head.pt")
-            p = ckpt.pick(p, names, allow_pickle)
-        params, layers = ckpt.medusa_from_state_dict(ckpt.read_tensors(p, allow_pickle))
-        return cls(params, **{"num_layers": layers, **settings})
+        params, stored = ckpt.read_medusa(path, allow_pickle)
+        return cls(params, **{**stored, **settings})

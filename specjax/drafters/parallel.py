@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +24,12 @@ import numpy as np
 
 from specjax.convert import heads as ckpt
 from specjax.drafters.base import Context, Drafter
-from specjax.drafters.sparse_tree import SparseTree, checked_accuracy, geometric_prior, sparse_tree
 from specjax.heads import hidden_transfer as ht_head
 from specjax.heads import ppd as ppd_head
 from specjax.heads.guesses import GuessLayout, allocate
 from specjax.models import Model
-from specjax.tree import DraftTree
+from specjax.tree import DraftTree, Template
+from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
 
 
 @functools.lru_cache(maxsize=64)
@@ -52,11 +52,15 @@ class Guesses:
     make: Callable[[GuessLayout], Callable]
 
 
+class GuessState(NamedTuple):
+    guesses: jax.Array  # int32[B, K, R]: the last accepted node's guesses, as their best tokens
+    count: jax.Array  # int32[B]: how many guesses that node had
+
+
 @dataclasses.dataclass(frozen=True)
 class GuessDrafter(Drafter):
     """The drafter of PPD and HiddenTransfer, which differ only in `guesses()`, the one thing
-    each gives. State: the last accepted node's guesses, as their best tokens int32[B, K, R],
-    and how many of them it had, int32[B]."""
+    each gives. State: a GuessState."""
 
     params: dict
     tree_size: int = dataclasses.field(default=8, metadata=dict(static=True))
@@ -84,7 +88,7 @@ class GuessDrafter(Drafter):
         return self.accuracy or geometric_prior(self.guesses().count, 0.4)
 
     @property
-    def template(self) -> SparseTree:
+    def template(self) -> Template:
         return sparse_tree(self._accuracy, self.tree_size)
 
     num_nodes = property(lambda self: self.tree_size)
@@ -110,15 +114,14 @@ class GuessDrafter(Drafter):
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
         b, ranks = prompts.shape[0], self.template.num_ranks
-        return {"guesses": jnp.zeros((b, self.guesses().count, ranks), jnp.int32),
-                "count": jnp.zeros((b,), jnp.int32)}
+        return GuessState(jnp.zeros((b, self.guesses().count, ranks), jnp.int32), jnp.zeros((b,), jnp.int32))
 
     def propose(self, state, ctx: Context, key):
         parents, rank, depth = self.template.parents, self.template.rank, self.template.depth
         d = np.maximum(depth[1:] - 1, 0)
-        drafted = state["guesses"][:, d, np.maximum(rank[1:], 0)]  # [B, N-1]
+        drafted = state.guesses[:, d, np.maximum(rank[1:], 0)]  # [B, N-1]
         tokens = jnp.concatenate([ctx.root[:, None], drafted], axis=1)
-        valid = jnp.asarray(depth)[None, :] <= state["count"][:, None]
+        valid = jnp.asarray(depth)[None, :] <= state.count[:, None]
         return DraftTree.build(tokens, parents, valid=valid, max_depth=self.max_depth), state
 
     def injection(self, state, tree, positions):
@@ -126,10 +129,9 @@ class GuessDrafter(Drafter):
         return self.layout.injection(g.layer, g.make(self.layout), tree.ancestors, positions)
 
     def update(self, state, ctx, tree, verdict, target_out):
-        last = jnp.take_along_axis(verdict.path, verdict.num_accepted[:, None], axis=1)[:, 0]
-        logits, count = self.layout.logits_at(target_out.logits[:, tree.num_nodes:], last)
-        top = jax.lax.top_k(logits, state["guesses"].shape[2])[1].astype(jnp.int32)
-        return {"guesses": top, "count": count}
+        logits, count = self.layout.logits_at(target_out.logits[:, tree.num_nodes:], verdict.last_node)
+        top = jax.lax.top_k(logits, state.guesses.shape[2])[1].astype(jnp.int32)
+        return GuessState(top, count)
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -141,9 +143,8 @@ class GuessDrafter(Drafter):
     @classmethod
     def load(cls, path, **settings):
         """A specjax head folder or 'tiny' (the heads shipped for the tiny target)."""
-        params, meta = ckpt.read_head(ckpt.resolve_head(path, cls.name), cls.name, cls.name)
-        meta["accuracy"] = ckpt.accuracy_table(meta)
-        return cls(params, **{**meta, **settings})
+        params, stored = ckpt.read_guesses(path, cls.name)
+        return cls(params, **{**stored, **settings})
 
 
 @jax.tree_util.register_dataclass
@@ -186,4 +187,4 @@ class HiddenTransfer(GuessDrafter):
                              f"{target.config.num_layers} layers")
 
 
-__all__ = ["PPD", "HiddenTransfer", "GuessDrafter", "Guesses"]
+__all__ = ["PPD", "HiddenTransfer", "GuessDrafter", "GuessState", "Guesses"]

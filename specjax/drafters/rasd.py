@@ -5,7 +5,7 @@ Quan et al., "RASD: Retrieval-Augmented Speculative Decoding" (2025): the retrie
 matching: the chain's tokens that the tree already holds along one path are fused with those
 nodes, the rest hang under the last fused node; the fused tree is pruned to a node budget.
 
-Scores, for the pruning (`tree_budget.best_subtree`): a model node at depth d scores
+Scores, for the pruning (`specjax.tree.budget.best_subtree`): a model node at depth d scores
 `model_score ** d`, a chain node at depth j `retrieval_score ** j`, and a fused node the larger
 of the two (the paper prunes by the draft model's confidence; the model drafters here give no
 probabilities, Token Recycling and heads draft top-k tokens). Siblings are distinct tokens by
@@ -17,14 +17,20 @@ so the model drafter must accept any tree (Token Recycling, Lookahead, heads do)
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters import tree_budget
 from specjax.drafters.base import Context, Drafter
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.sam import SAM
+from specjax.tree.budget import best_subtree
+
+
+class RASDState(NamedTuple):
+    model: Any  # the model drafter's state
+    retrieval: Any  # the retrieval drafter's state
 
 
 @jax.tree_util.register_dataclass
@@ -73,13 +79,13 @@ class RASD(Drafter):
         self.retrieval.check(target)
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
-        return (self.model.init(target, prompts, lengths, cache_len, prefill),
-                self.retrieval.init(target, prompts, lengths, cache_len, prefill))
+        return RASDState(self.model.init(target, prompts, lengths, cache_len, prefill),
+                         self.retrieval.init(target, prompts, lengths, cache_len, prefill))
 
     def propose(self, state, ctx: Context, key):
         model_key, retrieval_key = jax.random.split(key)
-        tree, model_state = self.model.propose(state[0], ctx, model_key)
-        chain, retrieval_state = self.retrieval.propose(state[1], ctx, retrieval_key)
+        tree, model_state = self.model.propose(state.model, ctx, model_key)
+        chain, retrieval_state = self.retrieval.propose(state.retrieval, ctx, retrieval_key)
         if tree.q is not None or chain.q is not None:
             raise ValueError("RASD fuses deterministic drafts; a drafter that samples its tree "
                              "(a draft model) would need its q kept")
@@ -106,9 +112,9 @@ class RASD(Drafter):
         valid = jnp.concatenate([tree.valid, chain.valid[:, 1:] & (fused < 0)], axis=1)
         score = jnp.concatenate([score, jnp.broadcast_to(self.retrieval_score ** depth, (b, k))], axis=1)
         depth_in = max(self.model.max_depth, self.retrieval.max_depth)
-        out = tree_budget.best_subtree(tokens, parents, score, valid, self.budget, depth_in)
-        return out, (model_state, retrieval_state)
+        out = best_subtree(tokens, parents, score, valid, self.budget, depth_in)
+        return out, RASDState(model_state, retrieval_state)
 
     def update(self, state, ctx, tree, verdict, target_out):
-        return (self.model.update(state[0], ctx, tree, verdict, target_out),
-                self.retrieval.update(state[1], ctx, tree, verdict, target_out))
+        return RASDState(self.model.update(state.model, ctx, tree, verdict, target_out),
+                         self.retrieval.update(state.retrieval, ctx, tree, verdict, target_out))

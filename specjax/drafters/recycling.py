@@ -28,7 +28,7 @@ Choices (documented deviations / additions):
 from __future__ import annotations
 
 import dataclasses
-import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +36,7 @@ import numpy as np
 
 from specjax.drafters.base import Context, Drafter
 from specjax.tree import DraftTree
+from specjax.tree.template import as_spec, parse, rank_paths_from_fanout
 
 # Template "2.2.2", written as the number of children (ranks 0..f-1) under each rank path; the
 # template is every such path, ordered by depth, then lexicographically (breadth-first).
@@ -50,51 +51,11 @@ _FANOUT_222 = {
     (1, 0, 0, 0): 1,
     (0, 0, 0, 0, 0): 2, (0, 0, 0, 1, 0): 1,
 }
+TEMPLATE_222 = rank_paths_from_fanout(_FANOUT_222)
 
 
-def template_from_fanout(fanout: dict) -> tuple[tuple[int, ...], ...]:
-    """Rank paths (root excluded, breadth-first) of the tree where path p has fanout[p] children
-    of ranks 0..fanout[p]-1."""
-    paths = [p + (r,) for p, f in fanout.items() for r in range(f)]
-    return tuple(sorted(paths, key=lambda p: (len(p), p)))
-
-
-TEMPLATE_222 = template_from_fanout(_FANOUT_222)
-
-
-@functools.cache
-def _layout(template: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """parents, ranks, depth int32[N] (root first) of a template given as parent indices (root
-    first, -1; a node's rank is its order among its siblings) or as rank paths (root excluded)."""
-    if not template:
-        raise ValueError("the template is empty")
-    if all(isinstance(t, (int, np.integer)) for t in template):
-        parents = np.asarray(template, np.int64)
-        n = len(parents)
-        if parents[0] != -1 or np.any(parents[1:] < 0) or np.any(parents[1:] >= np.arange(1, n)):
-            raise ValueError(f"a parent-index template needs parents[0] = -1 and 0 <= parents[i] < i, "
-                             f"got {template}")
-        ranks = np.array([np.sum(parents[1:i] == parents[i]) for i in range(n)], np.int64)
-        ranks[0] = 0
-    else:
-        paths = [tuple(int(r) for r in p) for p in template]
-        index = {(): 0}
-        parents, ranks = [-1], [0]
-        for p in paths:
-            if not p or min(p) < 0:
-                raise ValueError(f"a rank path must be a non-empty tuple of ranks >= 0, got {p}")
-            if p in index:
-                raise ValueError(f"rank path {p} appears twice in the template")
-            if p[:-1] not in index:
-                raise ValueError(f"rank path {p} comes before its parent {p[:-1]} in the template")
-            index[p] = len(parents)
-            parents.append(index[p[:-1]])
-            ranks.append(p[-1])
-        parents, ranks = np.asarray(parents, np.int64), np.asarray(ranks, np.int64)
-    depth = np.zeros(len(parents), np.int64)
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
-    return parents.astype(np.int32), ranks.astype(np.int32), depth.astype(np.int32)
+class RecyclingState(NamedTuple):
+    adj: jax.Array  # int32[B, V, topk]: each token's successors, as the target last ranked them
 
 
 @jax.tree_util.register_dataclass
@@ -114,19 +75,19 @@ class TokenRecycling(Drafter):
     def __post_init__(self):  # static fields only: pytree unflattening re-runs this
         if not isinstance(self.topk, int) or self.topk < 1:
             raise ValueError(f"topk must be an integer >= 1, got {self.topk!r}")
-        object.__setattr__(self, "template", _as_tuple(self.template))
-        _, ranks, _ = _layout(self.template)
-        if ranks.max() >= self.topk:
-            raise ValueError(f"the template uses candidate rank {ranks.max()}, but topk={self.topk} "
+        object.__setattr__(self, "template", as_spec(self.template))
+        rank = parse(self.template).rank
+        if rank.max() >= self.topk:
+            raise ValueError(f"the template uses candidate rank {rank.max()}, but topk={self.topk} "
                              f"keeps ranks 0..{self.topk - 1} only")
 
     @property
     def num_nodes(self) -> int:
-        return len(_layout(self.template)[0])
+        return parse(self.template).num_nodes
 
     @property
     def max_depth(self) -> int:
-        return int(_layout(self.template)[2].max())
+        return parse(self.template).max_depth
 
     def check(self, target) -> None:
         if self.adj is not None:
@@ -136,14 +97,14 @@ class TokenRecycling(Drafter):
                                  f"got {self.adj.dtype}{list(self.adj.shape)}")
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
-        """adj int32[B, V, topk]: the hot start (or empty), then the prompt bigrams."""
+        """adj: the hot start (or empty), then the prompt bigrams."""
         b, t = prompts.shape
         v = target.config.vocab_size
         base = (jnp.full((v, self.topk), -1, jnp.int32) if self.adj is None
                 else jnp.asarray(self.adj, jnp.int32))
         adj = jnp.broadcast_to(base, (b, v, self.topk))
         if not self.seed_from_prompt or t < 2:
-            return adj
+            return RecyclingState(adj)
         rows = jnp.arange(b)[:, None]
         pos = jnp.arange(t - 1)[None, :]
         first = jnp.where(pos < lengths[:, None] - 1, prompts[:, :-1], v)  # bigram starts
@@ -151,18 +112,18 @@ class TokenRecycling(Drafter):
             jnp.broadcast_to(pos, first.shape).astype(jnp.int32), mode="drop")
         succ = jnp.take_along_axis(prompts, jnp.maximum(last, 0) + 1, axis=1)  # [B, V]
         pushed = jnp.concatenate([succ[:, :, None], adj[:, :, :-1]], axis=2)
-        return jnp.where((last >= 0)[:, :, None], pushed, adj)
+        return RecyclingState(jnp.where((last >= 0)[:, :, None], pushed, adj))
 
     def propose(self, state, ctx: Context, key):
-        adj = state
-        parents, ranks, depth = _layout(self.template)
-        b, n = ctx.tokens.shape[0], len(parents)
+        t = parse(self.template)
+        parents = t.parents
+        b, n = ctx.tokens.shape[0], t.num_nodes
         rows = jnp.arange(b)[:, None]
         tokens = jnp.full((b, n), -1, jnp.int32).at[:, 0].set(ctx.root)
         for d in range(1, self.max_depth + 1):
-            idx = np.nonzero(depth == d)[0]
+            idx = t.level(d)
             par_tok = tokens[:, parents[idx]]  # [B, m]
-            new = adj[rows, jnp.maximum(par_tok, 0), ranks[idx][None, :]]
+            new = state.adj[rows, jnp.maximum(par_tok, 0), t.rank[idx][None, :]]
             tokens = tokens.at[:, idx].set(jnp.where(par_tok >= 0, new, -1))
         node = np.arange(n)
         earlier_sibling = (parents[:, None] == parents[None, :]) & (node[None, :] < node[:, None])
@@ -173,7 +134,7 @@ class TokenRecycling(Drafter):
 
     def update(self, state, ctx, tree, verdict, target_out):
         """adj[token(i)] = top-k ids of the target logits at node i, for every valid node."""
-        adj = state
+        adj = state.adj
         b, n = tree.tokens.shape
         v = adj.shape[1]
         top = jax.lax.top_k(target_out.logits, self.topk)[1].astype(jnp.int32)  # [B, N, k]
@@ -185,18 +146,5 @@ class TokenRecycling(Drafter):
         same = tree.tokens[:, :, None] == tree.tokens[:, None, :]
         beaten = jnp.any(same & (prio[:, None, :] > prio[:, :, None]), axis=-1)
         idx = jnp.where(tree.valid & ~beaten, tree.tokens, v)  # one writer per token, or dropped
-        return adj.at[jnp.arange(b)[:, None], idx].set(top, mode="drop")
+        return RecyclingState(adj.at[jnp.arange(b)[:, None], idx].set(top, mode="drop"))
 
-
-def _as_tuple(template) -> tuple:
-    """A hashable template: a tuple of ints (parent indices) or of int tuples (rank paths)."""
-    try:
-        items = list(template)
-    except TypeError:
-        raise ValueError(f"a template is a sequence of parent indices or of rank paths, got {template!r}")
-    ints = [isinstance(t, (int, np.integer)) for t in items]
-    if all(ints):
-        return tuple(int(t) for t in items)
-    if any(ints):
-        raise ValueError("a template is either parent indices (ints) or rank paths (tuples), not both")
-    return tuple(tuple(int(r) for r in t) for t in items)

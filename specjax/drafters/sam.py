@@ -1,7 +1,7 @@
 """SAM: draft the continuation of the longest suffix match, found by suffix automata (SAM-Decoding).
 
 Hu et al., "SAM Decoding: Speculative Decoding via Suffix Automaton" (ACL 2025). Each row keeps
-a suffix automaton (`suffix_automaton`) of its own text, prompt then generated tokens, extended
+a suffix automaton (`blocks.suffix_automaton`) of its own text, prompt then generated tokens, extended
 inside the jitted loop as tokens are committed, and a match: the longest suffix of the text that
 occurred earlier, with the state holding it. The draft is the chain of tokens that followed the
 match's first occurrence. An optional static corpus (`SAM.with_corpus`) has its own automaton,
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters import suffix_automaton as sa
+from specjax.drafters.blocks import suffix_automaton as sa
 from specjax.drafters.base import Context, Drafter
 from specjax.tree import DraftTree
 

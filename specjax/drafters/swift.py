@@ -11,7 +11,7 @@ prompt's cache) and
 keeps it when it beats the best so far; after `search_steps` candidates, or a matchness of
 `target_score`, the set is fixed (the acceleration phase, which pays nothing for the search).
 Drafting: a chain of up to `depth` tokens that stops after a token of confidence below
-`threshold` (drafters/self_draft.py).
+`threshold` (`specjax.drafters.blocks.self_draft`).
 
 Adapted: candidates are the best set with `swaps` skipped and kept units exchanged (a local
 random search; the paper draws fresh random sets, with a Bayesian-optimisation proposal every
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters import self_draft
+from specjax.drafters.blocks import self_draft
 from specjax.drafters.base import Context
 from specjax.models import Model, lm_head
 from specjax.models.layer_skip import empty_block, skip_forward

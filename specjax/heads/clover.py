@@ -27,8 +27,8 @@ head matrix into a frozen embedding table; its README suggests the input embeddi
 memory; for tied targets the two are the same); the block attends to the whole prefix (no
 sliding window even for Mistral targets).
 
-Params (matrices [in, out]): rnn1, rnn2 {norm, wq, bq, wk, bk, wv, bv}; block (the target's
-layer params, stacked on a leading axis of num_layers); norm, head_norm; w_mlp, b_mlp,
+Params (`PARAMS`, matrices [in, out]): rnn1, rnn2 {norm, wq, bq, wk, bk, wv, bv}; block (the
+target's layer params, stacked on a leading axis of num_layers); norm, head_norm; w_mlp, b_mlp,
 w_mlp2 [2E, E], b_mlp2.
 """
 
@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models import KVCache, ModelConfig, RopeScaling
-from specjax.models import param_shapes as model_param_shapes
 from specjax.models.llama import (
     attention_block,
     dense,
@@ -48,6 +47,8 @@ from specjax.models.llama import (
     rms_norm,
     rope_inv_freq,
 )
+from specjax.models.params import LAYER as LLAMA_LAYER
+from specjax.models.params import Param, Stacked, shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,12 +99,32 @@ class CloverConfig:
         return cls(**{**d, "block": ModelConfig(**block)})
 
 
+def _e(c: CloverConfig) -> tuple[int]:
+    return (c.hidden_size,)
+
+
+def _square(c: CloverConfig) -> tuple[int, int]:
+    return (c.hidden_size, c.hidden_size)
+
+
+RES_ATTENTION = {  # a ResAttn gate: q from the normed x, k and v from y, in the block's heads
+    "norm": Param(_e, (None,), "norm"),
+    "wq": Param(_square, ("embed", "q_heads")), "bq": Param(_e, ("q_heads",), "zeros"),
+    "wk": Param(_square, ("embed", "kv_heads")), "bk": Param(_e, ("kv_heads",), "zeros"),
+    "wv": Param(_square, ("embed", "kv_heads")), "bv": Param(_e, ("kv_heads",), "zeros"),
+}
+PARAMS = {  # the parameters (specjax.models.params)
+    "rnn1": RES_ATTENTION, "rnn2": RES_ATTENTION,
+    "block": Stacked(LLAMA_LAYER, count=lambda c: c.block.num_layers, config_of=lambda c: c.block),
+    "norm": Param(_e, (None,), "norm"), "head_norm": Param(_e, (None,), "norm"),
+    "w_mlp": Param(_square, (None, None)), "b_mlp": Param(_e, (None,), "zeros"),
+    "w_mlp2": Param(lambda c: (2 * c.hidden_size, c.hidden_size), (None, None)),
+    "b_mlp2": Param(_e, (None,), "zeros"),
+}
+
+
 def param_shapes(cfg: CloverConfig) -> dict:
-    e = cfg.hidden_size
-    rnn = {"norm": (e,), "wq": (e, e), "bq": (e,), "wk": (e, e), "bk": (e,), "wv": (e, e), "bv": (e,)}
-    return {"rnn1": rnn, "rnn2": dict(rnn), "block": model_param_shapes(cfg.block)["layers"],
-            "norm": (e,), "head_norm": (e,), "w_mlp": (e, e), "b_mlp": (e,), "w_mlp2": (2 * e, e),
-            "b_mlp2": (e,)}
+    return shapes(PARAMS, cfg)
 
 
 def init(cfg: CloverConfig, key: jax.Array, target_params: dict) -> dict:

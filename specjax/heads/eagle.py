@@ -17,8 +17,8 @@ and LM head (draft vocabulary mapped to target ids by `d2t` when it is smaller).
 Further draft steps feed the draft's own output f^ (v1) / h (v3) back as the feature. Attention
 is the library's tree attention over the draft's own one-layer KV cache.
 
-Params (matrices [in, out]): fc_w, fc_b (v1), layer {wq, wk, wv, wo, mlp_norm, w_gate, w_up,
-w_down, + attn_norm (input norm) and hidden_norm for v3}, norm and lm_head (v3), optional
+Params (`PARAMS`, matrices [in, out]): fc_w, fc_b (v1), layer {wq, wk, wv, wo, mlp_norm, w_gate,
+w_up, w_down, + attn_norm (input norm) and hidden_norm for v3}, norm and lm_head (v3), optional
 embed [V, E] (default: the target's) and d2t int32[Vd] (draft id -> target id).
 """
 
@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models import KVCache, ModelConfig
-from specjax.models.llama import (apply_rope, attention_block, dense, mlp_block, random_params,
-                                  rms_norm, rope_inv_freq)
+from specjax.models.llama import apply_rope, attention_block, dense, mlp_block, rms_norm, rope_inv_freq
+from specjax.models.params import LAYER as LLAMA_LAYER
+from specjax.models.params import Param, random_params, shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,17 +105,42 @@ class EagleConfig:
         return cls(**{**d, "target_layers": tuple(d.get("target_layers", ()))})
 
 
+def _in(c: EagleConfig) -> int:
+    """The layer's input width: v3 reads the embedding and the feature side by side."""
+    return c.hidden_size if c.version == 1 else 2 * c.hidden_size
+
+
+def _v1(c: EagleConfig) -> bool:
+    return c.version == 1
+
+
+def _v3(c: EagleConfig) -> bool:
+    return c.version == 3
+
+
+# The parameters (specjax.models.params), HF names as EAGLE's checkpoints write them.
+LAYER = {  # a Llama decoder layer (under `layers.0.` in EAGLE-1 checkpoints, `midlayer.` in EAGLE-3)
+    "wq": dataclasses.replace(LLAMA_LAYER["wq"], shape=lambda c: (_in(c), c.num_heads * c.head_dim)),
+    "wk": dataclasses.replace(LLAMA_LAYER["wk"], shape=lambda c: (_in(c), c.num_kv_heads * c.head_dim)),
+    "wv": dataclasses.replace(LLAMA_LAYER["wv"], shape=lambda c: (_in(c), c.num_kv_heads * c.head_dim)),
+    **{name: LLAMA_LAYER[name] for name in ("wo", "w_gate", "w_up", "w_down")},
+    "mlp_norm": dataclasses.replace(LLAMA_LAYER["mlp_norm"], hf="post_attention_layernorm.weight"),
+    "attn_norm": dataclasses.replace(LLAMA_LAYER["attn_norm"], when=_v3),  # the embedding's input norm
+    "hidden_norm": Param(lambda c: (c.hidden_size,), (None,), "norm", when=_v3, hf="hidden_norm.weight"),
+}
+PARAMS = {
+    "fc_w": Param(lambda c: (2 * c.hidden_size if _v1(c) else 3 * c.target_hidden_size, c.hidden_size),
+                  (None, "embed"), hf="fc.weight"),
+    "fc_b": Param(lambda c: (c.hidden_size,), (None,), "zeros", when=_v1, hf="fc.bias"),
+    "layer": LAYER,
+    "norm": Param(lambda c: (c.hidden_size,), (None,), "norm", when=_v3, hf="norm.weight"),
+    "lm_head": Param(lambda c: (c.hidden_size, c.draft_vocab_size), ("embed", "vocab"), matmul=True,
+                     when=_v3, hf="lm_head.weight"),
+}  # and optional: embed [V, E] (a published head's own copy, `embed_tokens.weight`), d2t int32[Vd]
+
+
 def param_shapes(cfg: EagleConfig) -> dict:
-    e, f = cfg.hidden_size, cfg.intermediate_size
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    width = e if cfg.version == 1 else 2 * e
-    layer = {"wq": (width, q), "wk": (width, kv), "wv": (width, kv), "wo": (q, e), "mlp_norm": (e,),
-             "w_gate": (e, f), "w_up": (e, f), "w_down": (f, e)}
-    if cfg.version == 1:
-        return {"fc_w": (2 * e, e), "fc_b": (e,), "layer": layer}
-    layer.update(attn_norm=(e,), hidden_norm=(e,))
-    return {"fc_w": (3 * cfg.target_hidden_size, e), "layer": layer, "norm": (e,),
-            "lm_head": (e, cfg.draft_vocab_size)}
+    return shapes(PARAMS, cfg)
 
 
 def init(cfg: EagleConfig, key: jax.Array, target_params: dict | None = None, std: float = 0.02,
@@ -122,7 +148,7 @@ def init(cfg: EagleConfig, key: jax.Array, target_params: dict | None = None, st
     """Random init (norms 1, bias 0). v1's fc starts as [0; I] + noise (the draft starts by
     passing the target's feature through); v3's LM head starts from the target's when given
     (its `d2t` columns for a reduced draft vocabulary; d2t itself is not a trained parameter)."""
-    params = random_params(param_shapes(cfg), key, num_layers=1, std=std)
+    params = random_params(PARAMS, cfg, key, num_layers=1, std=std)
     if cfg.version == 1:
         e = cfg.hidden_size
         params["fc_w"] = params["fc_w"].at[e:].add(jnp.eye(e))

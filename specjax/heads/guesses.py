@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models import Injection
+from specjax.tree import row_gather
+from specjax.tree.template import depths
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -69,8 +71,7 @@ class GuessLayout:
         """guess_logits [B, M, V] and a node per row int[B] -> (its guesses' member-averaged
         logits [B, K, V], its guess count int32[B]); guesses past the count are garbage."""
         idx = jnp.asarray(self.index)[node]  # [B, K, members]
-        rows = jnp.arange(node.shape[0])[:, None, None]
-        logits = guess_logits[rows, jnp.maximum(idx, 0)].mean(2)
+        logits = row_gather(guess_logits, jnp.maximum(idx, 0)).mean(2)
         return logits, jnp.asarray(self.counts)[node]
 
 
@@ -81,9 +82,8 @@ def _node_values(parents: np.ndarray, rank: np.ndarray, accuracy) -> tuple[np.nd
     events do)."""
     accuracy = [np.asarray(row, np.float64) / max(1.0, float(np.sum(row))) for row in accuracy]
     value = np.ones(len(parents))
-    depth = np.zeros(len(parents), np.int32)
+    depth = depths(parents)
     for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
         value[i] = value[parents[i]] * accuracy[depth[i] - 1][rank[i]]
     return value, depth
 

@@ -4,32 +4,52 @@
     head_k(h_t) = ResBlock_k^L(h_t) W2_k          (the L layers of a head share weights, as in Medusa)
 
 Head k (0-indexed) predicts token t+2+k; the target's own LM head predicts t+1.
-Params: {"w1": [K, E, E], "b1": [K, E], "w2": [K, E, V]} (matrices stored [in, out]). Without
-"w2" every head reads the target's own LM head (Medusa's legacy variant), which keeps a head
-checkpoint to K (E^2 + E) numbers; with "d2t" it drafts over a reduced vocabulary (`vocab`).
+Params (`PARAMS`): {"w1": [K, E, E], "b1": [K, E], "w2": [K, E, V]} (matrices stored [in, out]).
+Without "w2" every head reads the target's own LM head (Medusa's legacy variant), which keeps a
+head checkpoint to K (E^2 + E) numbers; with "d2t" it drafts over a reduced vocabulary (`vocab`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from specjax.heads import vocab
+from specjax.models.params import Param, shapes
+
+
+class Dims(NamedTuple):
+    """What the heads' shapes depend on."""
+
+    num_heads: int
+    hidden_size: int
+    vocab_size: int
+    own_lm_head: bool = True
+
+
+PARAMS = {  # the parameters (specjax.models.params); optional d2t int32[Vd] (`vocab`)
+    "w1": Param(lambda d: (d.num_heads, d.hidden_size, d.hidden_size), (None, None, "embed"), "zeros"),
+    "b1": Param(lambda d: (d.num_heads, d.hidden_size), (None, None), "zeros"),
+    "w2": Param(lambda d: (d.num_heads, d.hidden_size, d.vocab_size), (None, "embed", "vocab"),
+                when=lambda d: d.own_lm_head),
+}
 
 
 def init(key: jax.Array, num_heads: int, hidden_size: int, vocab_size: int,
          lm_head: jax.Array | None = None, std: float = 0.02, own_lm_head: bool = True) -> dict:
     """Zero ResBlocks; W2 from the target's LM head [E, V] when given (Medusa's init), else
     normal(0, std); no W2 at all with own_lm_head=False (the heads share the target's)."""
+    s = shapes(PARAMS, Dims(num_heads, hidden_size, vocab_size, own_lm_head))
+    params = {"w1": jnp.zeros(s["w1"], jnp.float32), "b1": jnp.zeros(s["b1"], jnp.float32)}
     if not own_lm_head:
-        return {"w1": jnp.zeros((num_heads, hidden_size, hidden_size), jnp.float32),
-                "b1": jnp.zeros((num_heads, hidden_size), jnp.float32)}
+        return params
     if lm_head is not None:
-        w2 = jnp.broadcast_to(jnp.asarray(lm_head, jnp.float32), (num_heads, hidden_size, vocab_size))
+        w2 = jnp.broadcast_to(jnp.asarray(lm_head, jnp.float32), s["w2"])
     else:
-        w2 = std * jax.random.normal(key, (num_heads, hidden_size, vocab_size), jnp.float32)
-    return {"w1": jnp.zeros((num_heads, hidden_size, hidden_size), jnp.float32),
-            "b1": jnp.zeros((num_heads, hidden_size), jnp.float32), "w2": jnp.array(w2)}
+        w2 = std * jax.random.normal(key, s["w2"], jnp.float32)
+    return {**params, "w2": jnp.array(w2)}
 
 
 def features(params: dict, hidden: jax.Array, num_layers: int = 1) -> jax.Array:
@@ -55,4 +75,4 @@ def num_heads(params: dict) -> int:
     return params["w1"].shape[0]
 
 
-__all__ = ["init", "apply", "features", "num_heads"]
+__all__ = ["PARAMS", "Dims", "init", "apply", "features", "num_heads"]

@@ -1,7 +1,7 @@
 """PPD (Chen et al. 2024, "Hardware-Aware Parallel Prompt Decoding"): K trained prompt tokens,
 each an ensemble of `members` virtual tokens, appended after the input; through the frozen
 target, prompt token j predicts the token j + 1 steps ahead (see `specjax.heads.guesses`).
-Only their embeddings are trained: params {"prompt": [K, members, E]}.
+Only their embeddings are trained: params (`PARAMS`) {"prompt": [K, members, E]}.
 
 Follows the official code (hmarkc/parallel-prompt-decoding): the "ensemble" attention mask,
 mean aggregation of the members' logits, the KD loss of `specjax.train.objectives.guesses`.
@@ -9,17 +9,29 @@ mean aggregation of the members' logits, the KD loss of `specjax.train.objective
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 from specjax.heads.guesses import GuessLayout
+from specjax.models.params import Param, shapes
+
+
+class Dims(NamedTuple):
+    num_guesses: int
+    members: int
+    hidden_size: int
+
+
+PARAMS = {"prompt": Param(lambda d: (d.num_guesses, d.members, d.hidden_size), (None, None, None))}
 
 
 def init(key: jax.Array, num_guesses: int, members: int, embed: jax.Array) -> dict:
     """Prompt embeddings around the target's token embeddings: their mean plus noise of their
     per-dimension spread."""
     embed = jnp.asarray(embed, jnp.float32)
-    noise = jax.random.normal(key, (num_guesses, members, embed.shape[1]))
+    noise = jax.random.normal(key, shapes(PARAMS, Dims(num_guesses, members, embed.shape[1]))["prompt"])
     return {"prompt": embed.mean(0) + noise * embed.std(0)}
 
 
@@ -36,4 +48,4 @@ def shape(params: dict) -> tuple[int, int, int]:
     return params["prompt"].shape
 
 
-__all__ = ["init", "make", "shape"]
+__all__ = ["PARAMS", "Dims", "init", "make", "shape"]

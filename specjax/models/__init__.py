@@ -8,15 +8,16 @@ import jax
 
 from specjax.models.cache import KVCache
 from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
-from specjax.models.llama import (ForwardOutput, Injection, forward, init_params, lm_head, lm_head_weight,
-                                  param_shapes)
+from specjax.models.llama import ForwardOutput, Injection, forward, lm_head, lm_head_weight
+from specjax.models.params import init_params, param_shapes
+from specjax.models.target import Target, TargetConfig
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Model:
     """A model: static `config` plus the `params` pytree. A pytree itself (config is static),
-    so a Model can be passed through jit, vmap and sharding as is."""
+    so a Model can be passed through jit, vmap and sharding as is. The decode loop's `Target`."""
 
     params: dict
     config: ModelConfig = dataclasses.field(metadata=dict(static=True))
@@ -29,5 +30,6 @@ class Model:
         return forward(self.config, self.params, tokens, **kwargs)
 
 
-__all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "Injection", "forward",
-           "init_params", "lm_head", "lm_head_weight", "param_shapes", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["Model", "ModelConfig", "RopeScaling", "KVCache", "ForwardOutput", "Injection", "Target",
+           "TargetConfig", "forward", "init_params", "lm_head", "lm_head_weight", "param_shapes",
+           "SUPPORTED_MODEL_TYPES"]

@@ -9,8 +9,8 @@ One function, `forward`, serves every use:
 - decoding N new tokens per row at arbitrary positions under an [N, N] tree mask; the tokens
   see the row's whole committed prefix and the tree nodes the mask allows (their ancestors).
 
-Parameters are a nested dict; the layers are stacked on a leading axis and scanned. Matmul
-weights are stored [in, out].
+Parameters are a nested dict, declared in `specjax.models.params`; the layers are stacked on a
+leading axis and scanned. Matmul weights are stored [in, out].
 """
 
 from __future__ import annotations
@@ -46,56 +46,6 @@ class Injection(NamedTuple):
     make: Callable[[jax.Array], jax.Array]
     positions: jax.Array  # int[B, M]
     mask: jax.Array
-
-
-# ---- parameters ---------------------------------------------------------------------------------
-
-def param_shapes(config: ModelConfig) -> dict:
-    """The shape of every parameter, as a nested dict mirroring the params pytree."""
-    c = config
-    e, f, L = c.hidden_size, c.intermediate_size, c.num_layers
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    layers = {
-        "attn_norm": (L, e), "wq": (L, e, q), "wk": (L, e, kv), "wv": (L, e, kv),
-        "wo": (L, q, e), "mlp_norm": (L, e), "w_gate": (L, e, f), "w_up": (L, e, f),
-        "w_down": (L, f, e),
-    }
-    if c.attention_bias:
-        layers.update(bq=(L, q), bk=(L, kv), bv=(L, kv))
-    if c.qk_norm:
-        layers.update(q_norm=(L, c.head_dim), k_norm=(L, c.head_dim))
-    if c.sandwich_norms:
-        layers.update(post_attn_norm=(L, e), post_mlp_norm=(L, e))
-    shapes = {"embed": (c.vocab_size, e), "layers": layers, "norm": (e,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head"] = (e, c.vocab_size)
-    return shapes
-
-
-def init_params(config: ModelConfig, key: jax.Array, std: float = 0.02) -> dict:
-    """Random init (normal(0, std) matrices, norms that scale by one, zero biases), GPT-2 style
-    scaled residual outputs."""
-    return random_params(param_shapes(config), key, config.num_layers, std, config.jnp_dtype,
-                         norm=1.0 - config.norm_offset)
-
-
-def random_params(shapes: dict, key: jax.Array, num_layers: int, std: float = 0.02,
-                  dtype=jnp.float32, norm: float = 1.0) -> dict:
-    """Params for a nested dict of shapes, by leaf name: `*norm` all `norm`, biases (`b*`,
-    `*_b`) zeros, other matrices normal(0, std), with `wo`/`w_down` scaled by 1/sqrt(2 num_layers)."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(key, len(flat))
-    leaves = []
-    for (path, shape), k in zip(flat, keys):
-        name = path[-1].key
-        if name.endswith("norm"):
-            leaves.append(jnp.full(shape, norm, dtype))
-        elif name in ("bq", "bk", "bv") or name.endswith("_b"):
-            leaves.append(jnp.zeros(shape, dtype))
-        else:
-            scale = std / math.sqrt(2 * num_layers) if name in ("wo", "w_down") else std
-            leaves.append((scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 # ---- building blocks ----------------------------------------------------------------------------

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import jax
 
-from specjax.train.checkpoint import Checkpointer
-from specjax.train.config import Config
 from specjax.train.loop import data_source, held_out, make_optimizer, score_function
 from specjax.train.objectives import make_objective
+from specjax.train.run_config import Config
+from specjax.train.run_state import Checkpointer
 from specjax.train.target import load_target
 
 

@@ -29,6 +29,7 @@ from specjax.models import ModelConfig, forward
 from specjax.models.llama import lm_head
 from specjax.train import shards
 from specjax.train.draft_vocab import coverage, draft_vocabulary, token_counts
+from specjax.train.selfdistill import sequences
 
 COVERAGE_SIZES = (4096, 8192, 16384, 32768)
 
@@ -118,8 +119,6 @@ def cache_features(model, answers: str | Path, out: str | Path, *, layers=None, 
 
 def write_vocabulary(answers: str | Path, folder: Path, vocab_size: int, size: int) -> dict:
     """counts.npy, d2t.npy and vocab.json (coverage of the answers' tokens at several sizes)."""
-    from specjax.train.selfdistill import sequences
-
     counts = token_counts(((t, s) for _, t, s in sequences(answers)), vocab_size)
     d2t = draft_vocabulary(counts, size)
     np.save(folder / "counts.npy", counts)

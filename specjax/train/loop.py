@@ -21,13 +21,13 @@ import optax
 from tqdm import tqdm
 
 from specjax import sharding
-from specjax.train.checkpoint import Checkpointer
-from specjax.train.config import Config, OptimConfig, to_dict
-from specjax.train.data import WindowSampler, eval_windows, load_streams
+from specjax.train.bpe import build_tokenizer
 from specjax.train.metrics import MetricsLog, plot_curves
 from specjax.train.objectives import Objective, make_objective
+from specjax.train.run_config import Config, OptimConfig, to_dict
+from specjax.train.run_state import Checkpointer
 from specjax.train.target import load_target
-from specjax.train.tokenizer import build_tokenizer
+from specjax.train.token_windows import WindowSampler, eval_windows, load_streams
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:

@@ -1,6 +1,7 @@
 """Self-distillation data for draft heads (EAGLE/Medusa recipe): the target answers the training
-prompts (`train.prompts`) itself, in large batches sampled at several temperatures, so the heads
-learn what they will draft. Then its features are cached once (`train.features`).
+prompts (`specjax.data.distill_prompts`) itself, in large batches sampled at several
+temperatures, so the heads learn what they will draft. Then its features are cached once
+(`train.features`).
 
 `python -m specjax.train distill --model smollm2 --out runs/smollm2-distill --num-prompts 1500`
 
@@ -14,11 +15,9 @@ rerun after a kill resumes where it stopped."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+import specjax as sj
+from specjax.data.chat import prompt_ids
+from specjax.data.distill_prompts import build_prompts
 from specjax.train import shards
 
 
@@ -49,9 +51,6 @@ class DistillConfig:
 
 def encode_prompts(cfg: DistillConfig, tokenizer) -> tuple[list[dict], list[list[int]]]:
     """The training rows and their ids (rows longer than `max_prompt_tokens` left out)."""
-    from specjax.bench.prompts import prompt_ids
-    from specjax.train.prompts import build_prompts
-
     rows, ids = [], []
     for row in build_prompts(cfg.num_prompts, cfg.seed):
         p = prompt_ids(tokenizer, row)
@@ -69,8 +68,6 @@ def shard_plan(lengths, batch_size: int) -> list[np.ndarray]:
 
 def generate_answers(model, tokenizer, cfg: DistillConfig, progress: bool = True) -> Path:
     """Write every missing answer shard under `cfg.out/answers`; returns that folder."""
-    import specjax as sj
-
     out = Path(cfg.out)
     rows, ids = encode_prompts(cfg, tokenizer)
     digest = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
@@ -115,40 +112,3 @@ def sequences(answers: str | Path):
 def _log(out: Path, record: dict) -> None:
     with open(out / "progress.jsonl", "a") as f:
         f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}) + "\n")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specjax.train distill", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="the target: a named model, an HF folder or a .gguf file")
-    p.add_argument("--out", required=True, help="run folder (resumed when it exists)")
-    p.add_argument("--num-prompts", type=int, default=1500)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=192)
-    p.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated, one per shard in turn")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-prompt-tokens", type=int, default=768, help="longer prompts are left out")
-    p.add_argument("--top-k", type=int, default=16, help="target next-token ids/probabilities kept per position")
-    p.add_argument("--draft-vocab", type=int, default=16384, help="reduced draft vocabulary size")
-    p.add_argument("--no-features", action="store_true", help="stop after the answers")
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    try:
-        temps = tuple(float(t) for t in args.temperatures.split(","))
-        cfg = DistillConfig(args.model, args.out, args.num_prompts, args.batch_size, args.max_new_tokens,
-                            temps, args.seed, args.max_prompt_tokens)
-        if args.top_k < 1 or args.draft_vocab < 1:
-            raise ValueError("--top-k and --draft-vocab must be >= 1")
-        import specjax as sj
-
-        model, tokenizer = sj.load(args.model), sj.load_tokenizer(args.model)
-        answers = generate_answers(model, tokenizer, cfg, progress=not args.no_progress)
-        if not args.no_features:
-            from specjax.train.features import cache_features
-
-            cache_features(model, answers, Path(args.out) / "features", top_k=args.top_k,
-                           draft_vocab=args.draft_vocab, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 from specjax.models import Model, init_params
-from specjax.train.config import Config
+from specjax.train.run_config import Config
 
 
 def load_target(config: Config) -> Model | None:

@@ -21,10 +21,10 @@ from specjax.drafters import DraftModel, Eagle, HiddenTransfer, PromptLookup
 from specjax.heads import eagle as eagle_head
 from specjax.heads import hidden_transfer as ht_head
 from specjax.models import KVCache
-from specjax.train.checkpoint import Checkpointer
-from specjax.train.config import from_dict
 from specjax.train.export import load_trained_params
 from specjax.train.loop import train
+from specjax.train.run_config import from_dict
+from specjax.train.run_state import Checkpointer
 from tests.conftest import tiny_llama_config
 from tests.test_train import raw_config
 
