@@ -52,7 +52,7 @@ def fingerprint(model_name: str, names, max_new_tokens: int) -> dict:
                           eos_token_id=eos)
         tokens = [out.tokens[i][: out.num_tokens[i]].tolist() for i in range(len(prompts))]
         result[name] = {"sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
-                        "tau": round(float(out.stats["tau"]), 4), "tokens": tokens}
+                        "tau": round(float(out.stats.tau), 4), "tokens": tokens}
         print(f"{name:16s} {result[name]['sha256']} tau {result[name]['tau']}", flush=True)
     return result
 

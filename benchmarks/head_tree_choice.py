@@ -65,6 +65,6 @@ ref = [r.tokens.tolist() for r in results["ar"]]
 print(f"{len(prompts)} prompts x {args.max_new_tokens} tokens, batch 1, greedy, least of {args.repeats}\n")
 print("| method | tau | s | speedup | = ar |\n|---|---|---|---|---|")
 for name, res in results.items():
-    tau = sum(r.stats["new_tokens"] for r in res) / sum(r.stats["target_calls"] for r in res)
+    tau = sum(r.stats.new_tokens for r in res) / sum(r.stats.target_calls for r in res)
     same = [r.tokens.tolist() for r in res] == ref
     print(f"| {name} | {tau:.2f} | {best[name]:.2f} | {best['ar'] / best[name]:.2f}x | {'yes' if same else 'NO'} |")

@@ -26,5 +26,5 @@ for name in methods:
         res = run()
         best = min(best, time.perf_counter() - t)
     out[name] = {"s": round(best, 4), "tokens": int(sum(r.num_tokens.sum() for r in res)),
-                 "tau": round(sum(r.stats["tau"] for r in res) / len(res), 4)}
+                 "tau": round(sum(r.stats.tau for r in res) / len(res), 4)}
 print(json.dumps(out))

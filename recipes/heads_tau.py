@@ -37,5 +37,5 @@ ref = None
 for name, d in drafters.items():
     out = sj.generate(target, prompts, max_new_tokens=64, drafter=d)
     ref = out.tokens if ref is None else ref
-    acc = ", ".join(f"{a:.2f}" for a in out.stats["acceptance_per_depth"])
-    print(f"| {name} | {out.stats['tau']:.2f} | {acc} | {bool(np.array_equal(out.tokens, ref))} |")
+    acc = ", ".join(f"{a:.2f}" for a in out.stats.acceptance_per_depth)
+    print(f"| {name} | {out.stats.tau:.2f} | {acc} | {bool(np.array_equal(out.tokens, ref))} |")

@@ -117,7 +117,7 @@ def cmd_generate(args) -> None:
     import specjax as sj
     from specjax.convert import resolve
     from specjax import methods
-    from specjax.engine import DecodeSettings, cache_size
+    from specjax.decoding import check_positions
     from specjax.sampling import SamplingParams
 
     if args.drafter is not None and args.drafter not in _generate_methods():
@@ -157,9 +157,9 @@ def cmd_generate(args) -> None:
     name = args.drafter or default_drafter(model, args.temperature)
     eos = sorted({*tokenizer.eos_token_ids, *([model.config.eos_token_id] if model.config.eos_token_id is not None else [])})
     try:
-        cache_size(model.config, len(ids), DecodeSettings(args.max_new_tokens))  # before the echo
-        drafter = methods.make(name, model)
-        if constraint is not None and type(drafter).update is sj.drafters.Drafter.update:
+        check_positions(model.config, len(ids), args.max_new_tokens)  # before the echo
+        drafter = methods.make(name, model)  # None: plain AR, which a constraint leaves as it is
+        if constraint is not None and drafter is not None and drafter.supports_forced:
             drafter = sj.drafters.Forced(drafter)
         steps = sj.stream(model, ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -179,8 +179,8 @@ def cmd_generate(args) -> None:
         new += chunk
         print(tokenizer.decode(shown + new, skip_special_tokens=True)[len(before):], end="", flush=True)
     why = "" if args.drafter else f" (default at temperature {args.temperature:g})"
-    print(f"\n[{len(new)} new tokens, {stats['tokens_per_s']:.1f} tokens/s, tau {stats['tau']:.2f}, "
-          f"method {name}{why}, verifier {stats['verifier']}, compile {stats['compile_s']:.1f} s]",
+    print(f"\n[{len(new)} new tokens, {stats.tokens_per_s:.1f} tokens/s, tau {stats.tau:.2f}, "
+          f"method {name}{why}, verifier {stats.verifier}, compile {stats.compile_s:.1f} s]",
           file=sys.stderr)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
+from specjax.adaptive import Calibration
 from specjax.constraints import TokenAutomaton, UnsupportedSchema
 from specjax.constraints.json_schema import int_range, schema_regex
 from specjax.constraints.vocabulary import outlines_vocabulary, token_bytes
@@ -117,7 +118,23 @@ def test_greedy_constrained_speculation_equals_constrained_ar(tiny_tokenizer):
                     sj.drafters.Forced(sj.drafters.DraftModel(sj.load("tiny-draft"), k=3))):
         spec = sj.generate(model, prompts, max_new_tokens=40, constraint=constraint, drafter=drafter)
         np.testing.assert_array_equal(spec.tokens, ar.tokens)
-        assert spec.stats["target_calls"] < ar.stats["target_calls"]
+        assert spec.stats.target_calls < ar.stats.target_calls
+    # the adaptive loop decodes under the constraint too (calibrated to speculate)
+    cal = Calibration(np.array([1.0, 0.5, 0.5]), np.array([0.9, 0.9]))
+    adaptive = sj.generate(model, prompts, max_new_tokens=40, constraint=constraint,
+                           drafter=sj.Adaptive(sj.drafters.PromptLookup(), ks=(0, 1, 2), calibration=cal))
+    assert adaptive.stats.speculated
+    np.testing.assert_array_equal(adaptive.tokens, ar.tokens)
+
+
+def test_forced_wraps_only_drafters_that_support_it():
+    class Updated(sj.drafters.PromptLookup):  # its state would be updated from the combined tree
+        def update(self, state, ctx, tree, verdict, target_out):
+            return state
+
+    assert sj.drafters.PromptLookup().supports_forced and not Updated().supports_forced
+    with pytest.raises(ValueError, match="Forced cannot wrap prompt-lookup"):
+        sj.drafters.Forced(Updated())
 
 
 def test_forced_draft_model_catches_up_past_its_chain(tiny_tokenizer, monkeypatch):
@@ -197,6 +214,17 @@ def test_sampled_law_is_the_constrained_law_and_unadvanced_states_are_caught(mon
     finally:
         jax.clear_caches()
     assert chi_square_pvalue(counts, exact) < 1e-6
+
+
+def test_cli_constrains_plain_ar(capsys):
+    """`--drafter ar` with a constraint decodes constrained AR (Forced wraps only drafters)."""
+    from specjax.__main__ import main
+
+    assert main(["generate", "--prompt", "The answer:", "--regex", "[0-9]{3}", "--drafter", "ar",
+                 "--max-new-tokens", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert re.fullmatch(r"The answer:[0-9]{3}", out), out
+    assert "method ar" in err
 
 
 def test_cli_refuses_an_unsupported_schema_in_one_line(tmp_path):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,25 +52,26 @@ def test_greedy_equals_autoregressive(name, target, near_draft):
         want = sj.generate(target, prompts, max_new_tokens=24)
         got = sj.generate(target, prompts, max_new_tokens=24, drafter=drafter)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=name)
-        assert got.stats["target_calls"] <= want.stats["target_calls"]
-    assert got.stats["tau"] > 1.1, (name, got.stats)  # drafts were accepted, not just corrected
+        assert got.stats.target_calls <= want.stats.target_calls
+    assert got.stats.tau > 1.1, (name, got.stats)  # drafts were accepted, not just corrected
 
 
 def test_self_draft_accepts_everything(target):
     for temperature in (0.0, 1.0):
         out = sj.generate(target, RAGGED, max_new_tokens=20, temperature=temperature,
                           drafter=DraftModel(target, mode="chain", k=4))
-        assert out.stats["tau"] == pytest.approx(5.0)
-        assert out.stats["acceptance_per_depth"] == [1.0] * 4
+        assert out.stats.tau == pytest.approx(5.0)
+        assert out.stats.acceptance_per_depth == (1.0,) * 4
 
 
 def test_stats_are_consistent(target, near_draft):
     out = sj.generate(target, RAGGED, max_new_tokens=21, drafter=DraftModel(near_draft, k=3))
     s = out.stats
-    assert s["committed_tokens"] == pytest.approx(s["tau"] * s["steps"])
-    assert out.num_tokens.sum() == s["new_tokens"] == 4 * 21
+    assert s.committed_tokens == pytest.approx(s.tau * s.steps)
+    assert out.num_tokens.sum() == s.new_tokens == 4 * 21
     # every step commits accepted + 1 tokens; the last step of a row may overshoot the limit
-    assert 4 * 21 <= s["committed_tokens"] <= 4 * 21 + 4 * 3
+    assert 4 * 21 <= s.committed_tokens <= 4 * 21 + 4 * 3
+    assert json.loads(json.dumps(s.to_dict()))["tau"] == s.tau
 
 
 def test_bad_drafter_pairings_fail_clearly(target):
@@ -170,17 +173,17 @@ def test_greedy_equals_autoregressive_on_the_shipped_model(name, tiny_prompts):
 def test_varied_requests_reuse_bucketed_programs(target):
     """Prompt length, output length and batch size are padded to buckets (powers of two), so 9
     requests of varied shapes compile 5 programs (one per bucket triple), not 9."""
-    from specjax import engine
+    from specjax import decoding
     requests = [(RAGGED[:1], 5), (RAGGED[1:2], 9), (RAGGED[:3], 12), (RAGGED[3:], 16), (RAGGED, 7),
                 ([list(range(1, 20))], 6), ([list(range(1, 30)), [3]], 17), (RAGGED[2:], 10), ([[9] * 16], 3)]
     eos = 63  # a setting no other test uses: every program below is compiled here
-    before = engine._decode_jit._cache_size()
+    before = decoding._decode_jit._cache_size()
     buckets = set()
     for prompts, new in requests:
         out = sj.generate(target, prompts, max_new_tokens=new, eos_token_id=eos)
         assert out.tokens.shape == (len(prompts), new)
-        buckets.add((engine.bucket(max(map(len, prompts))), engine.bucket(new), engine.bucket(len(prompts), 1)))
-    assert engine._decode_jit._cache_size() - before == len(buckets) == 5
+        buckets.add((decoding.bucket(max(map(len, prompts))), decoding.bucket(new), decoding.bucket(len(prompts), 1)))
+    assert decoding._decode_jit._cache_size() - before == len(buckets) == 5
     short = sj.generate(target, RAGGED, max_new_tokens=5, eos_token_id=eos)  # a budget, not a new program
     np.testing.assert_array_equal(short.tokens, sj.generate(target, RAGGED, max_new_tokens=16,
                                                            eos_token_id=eos).tokens[:, :5])
@@ -189,21 +192,21 @@ def test_varied_requests_reuse_bucketed_programs(target):
 def test_stats_time_decoding_apart_from_compiling(target):
     first = sj.generate(target, [[1, 2, 3]], max_new_tokens=8, eos_token_id=62)
     again = sj.generate(target, [[1, 2, 3]], max_new_tokens=8, eos_token_id=62)
-    assert first.stats["compile_s"] > first.stats["wall_time_s"] > 0
-    assert again.stats["compile_s"] == 0
-    assert again.stats["tokens_per_s"] == pytest.approx(8 / again.stats["wall_time_s"])
+    assert first.stats.compile_s > first.stats.wall_time_s > 0
+    assert again.stats.compile_s == 0
+    assert again.stats.tokens_per_s == pytest.approx(8 / again.stats.wall_time_s)
     steps = sj.stream(target, [1, 2, 3], max_new_tokens=8, eos_token_id=61)
     with pytest.raises(StopIteration) as stop:
         while True:
             next(steps)
     stats = stop.value.value  # the generator's return value
-    assert stats["compile_s"] > 0 and stats["new_tokens"] == 8
+    assert stats.compile_s > 0 and stats.new_tokens == 8
 
 
 def test_stats_name_what_ran(target):
-    assert sj.generate(target, [[1, 2]], max_new_tokens=2).stats["verifier"] == "none (greedy)"
+    assert sj.generate(target, [[1, 2]], max_new_tokens=2).stats.verifier == "none (greedy)"
     sampled = sj.generate(target, [[1, 2]], max_new_tokens=2, temperature=1.0)
-    assert sampled.stats["method"] == "ar" and sampled.stats["verifier"] == "none (sampling)"
+    assert sampled.stats.method == "ar" and sampled.stats.verifier == "none (sampling)"
 
 
 def test_a_tree_is_verified_at_the_smallest_size_that_holds_it(target):

@@ -155,7 +155,7 @@ def test_it_decodes_as_specjax_does_with_the_same_weights(module, target, ar):
     np.testing.assert_allclose(target(tokens).logits, sj.forward(to_specjax(module), tokens), atol=1e-4)
     own = sj.generate(to_specjax(module), PROMPTS, max_new_tokens=16)
     np.testing.assert_array_equal(ar.tokens, own.tokens)
-    assert ar.stats["tau"] == 1.0
+    assert ar.stats.tau == 1.0
 
 
 @pytest.mark.parametrize("drafter", [PromptLookup(max_ngram=2, num_tokens=4, min_ngram=1), "draft"])
@@ -166,4 +166,4 @@ def test_speculative_decoding_over_it_keeps_its_greedy_output(module, target, ar
     out = sj.generate(target, PROMPTS, max_new_tokens=16, drafter=drafter)
     np.testing.assert_array_equal(out.tokens, ar.tokens)
     np.testing.assert_array_equal(out.num_tokens, ar.num_tokens)
-    assert out.stats["tau"] > 1.0
+    assert out.stats.tau > 1.0

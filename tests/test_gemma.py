@@ -334,7 +334,7 @@ def test_speculative_greedy_equals_autoregressive(family, gemma):
         got = sj.generate(target, RAGGED, max_new_tokens=16, drafter=drafter)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=drafter.name)
         if drafter is draft:
-            assert got.stats["tau"] > 1.3, got.stats  # drafts were accepted: trees were verified
+            assert got.stats.tau > 1.3, got.stats  # drafts were accepted: trees were verified
 
 
 def sharp_gemma(seed: int) -> sj.Model:
@@ -409,7 +409,7 @@ def test_model_free_drafters_on_gemma3_270m_equal_autoregressive(gemma3_270m):
     for drafter in (PromptLookup(max_ngram=3, num_tokens=4), TokenRecycling()):
         got = sj.generate(model, prompts, max_new_tokens=24, drafter=drafter)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=drafter.name)
-        assert got.stats["tau"] > 1.5, (drafter.name, got.stats)  # measured: 1.88 and 2.94
+        assert got.stats.tau > 1.5, (drafter.name, got.stats)  # measured: 1.88 and 2.94
 
 
 def varied_texts(n=300, seed=0):

@@ -320,7 +320,7 @@ def check_saved_head_is_lossless(target, drafter, folder):
         want = sj.generate(target, prompts, max_new_tokens=16)
         got = sj.generate(target, prompts, max_new_tokens=16, drafter=loaded)
         np.testing.assert_array_equal(got.tokens, want.tokens, err_msg=drafter.name)
-        assert got.stats["target_calls"] <= want.stats["target_calls"]
+        assert got.stats.target_calls <= want.stats.target_calls
     return loaded
 
 
@@ -333,7 +333,7 @@ def test_greedy_equals_autoregressive(name, target, tmp_path):
         assert loaded.default_verifier(sj.sampling.SamplingParams(0.8)) == sj.verify.TopK()
         out = sj.generate(target, RAGGED[:1], max_new_tokens=8, drafter=loaded, temperature=0.8,
                           verifier=sj.verify.Typical())
-        assert out.num_tokens[0] == 8 and out.stats["verifier"] == "Typical"
+        assert out.num_tokens[0] == 8 and out.stats.verifier == "Typical"
 
 
 def test_eagle_drafts_what_its_head_predicts(target):
@@ -514,7 +514,7 @@ def test_shipped_heads_speed_up_the_shipped_target(name):
     want = sj.generate(tiny, prompts, max_new_tokens=24)
     got = sj.generate(tiny, prompts, max_new_tokens=24, drafter=methods.make(name, tiny))
     np.testing.assert_array_equal(got.tokens, want.tokens)
-    assert got.stats["tau"] > 1.2, got.stats  # drafts are accepted (PPD, the weakest, reaches 1.26)
+    assert got.stats.tau > 1.2, got.stats  # drafts are accepted (PPD, the weakest, reaches 1.26)
 
 
 def test_shipped_eagle_head_drafts_dyspec_trees():
@@ -534,9 +534,9 @@ def test_shipped_eagle_head_drafts_dyspec_trees():
         want = sj.generate(tiny, batch, max_new_tokens=24)
         got = sj.generate(tiny, batch, max_new_tokens=24, drafter=drafter)
         np.testing.assert_array_equal(got.tokens, want.tokens)
-        assert got.stats["tau"] > 1.2, got.stats
+        assert got.stats.tau > 1.2, got.stats
     out = sj.generate(tiny, prompts, max_new_tokens=8, drafter=drafter, temperature=0.7, key=jax.random.key(0))
-    assert out.stats["verifier"] == "RSD" and (out.num_tokens == 8).all()
+    assert out.stats.verifier == "RSD" and (out.num_tokens == 8).all()
 
 
 def test_shipped_heads_are_found_by_the_target_they_were_trained_for(target, tmp_path):

@@ -78,7 +78,7 @@ def test_greedy_equals_autoregressive(drafter, target):
     want = sj.generate(target, RAGGED, max_new_tokens=24)
     got = sj.generate(target, RAGGED, max_new_tokens=24, drafter=drafter)
     np.testing.assert_array_equal(got.tokens, want.tokens)
-    assert got.stats["tau"] > 1.1, got.stats
+    assert got.stats.tau > 1.1, got.stats
 
 
 def test_bad_settings_fail_clearly(target):

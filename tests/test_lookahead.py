@@ -123,16 +123,16 @@ def test_greedy_equals_autoregressive_on_a_repetitive_prompt(target):
     want = sj.generate(target, prompt, max_new_tokens=32)
     got = sj.generate(target, prompt, max_new_tokens=32, drafter=DRAFTER)
     np.testing.assert_array_equal(got.tokens, want.tokens)
-    assert got.stats["method"] == "lookahead" and got.stats["verifier"] == "Greedy"
-    assert got.stats["tau"] > 2.0, got.stats
-    assert got.stats["target_calls"] < want.stats["target_calls"]
+    assert got.stats.method == "lookahead" and got.stats.verifier == "Greedy"
+    assert got.stats.tau > 2.0, got.stats
+    assert got.stats.target_calls < want.stats.target_calls
 
 
 def test_greedy_equals_autoregressive_ragged_batch(target):
     want = sj.generate(target, RAGGED, max_new_tokens=32)
     got = sj.generate(target, RAGGED, max_new_tokens=32, drafter=DRAFTER)
     np.testing.assert_array_equal(got.tokens, want.tokens)
-    assert got.stats["tau"] > 1.2, got.stats
+    assert got.stats.tau > 1.2, got.stats
 
 
 def test_sampling_is_reproducible_and_valid(target):
@@ -140,10 +140,10 @@ def test_sampling_is_reproducible_and_valid(target):
     a = sj.generate(target, RAGGED, **kw)
     b = sj.generate(target, RAGGED, **kw)
     np.testing.assert_array_equal(a.tokens, b.tokens)
-    assert a.stats["verifier"] == "TopK"
+    assert a.stats.verifier == "TopK"
     np.testing.assert_array_equal(a.num_tokens, [24] * 4)
     assert a.tokens.min() >= 0 and a.tokens.max() < 64
-    assert a.stats["tau"] >= 1.0
+    assert a.stats.tau >= 1.0
 
 
 def test_bad_settings_fail_clearly():

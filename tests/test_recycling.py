@@ -108,8 +108,8 @@ def test_greedy_equals_autoregressive(target, template):
         want = sj.generate(target, prompts, max_new_tokens=32)
         got = sj.generate(target, prompts, max_new_tokens=32, drafter=drafter)
         np.testing.assert_array_equal(got.tokens, want.tokens)
-        assert got.stats["tau"] > 1.2, got.stats
-        assert got.stats["target_calls"] < want.stats["target_calls"]
+        assert got.stats.tau > 1.2, got.stats
+        assert got.stats.target_calls < want.stats.target_calls
 
 
 def test_sampling_reproducible(target):
@@ -117,6 +117,6 @@ def test_sampling_reproducible(target):
     kw = dict(max_new_tokens=24, drafter=drafter, temperature=0.8, key=jax.random.key(3))
     a = sj.generate(target, RAGGED, **kw)
     b = sj.generate(target, RAGGED, **kw)
-    assert a.stats["verifier"] == "TopK"
+    assert a.stats.verifier == "TopK"
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert np.all((a.tokens >= 0) & (a.tokens < 64)) and np.all(a.num_tokens == 24)

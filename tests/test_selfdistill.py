@@ -229,7 +229,7 @@ def test_eagle3_trains_on_the_feature_cache_with_a_reduced_vocabulary(tiny, dist
     want = sj.generate(model, prompts, max_new_tokens=16)
     got = sj.generate(model, prompts, max_new_tokens=16, drafter=head)
     np.testing.assert_array_equal(got.tokens, want.tokens)
-    assert got.stats["target_calls"] < want.stats["target_calls"]
+    assert got.stats.target_calls < want.stats.target_calls
 
     # bad settings are one-line errors
     from specjax.train.loop import data_source
@@ -296,7 +296,7 @@ def test_medusa_and_clover_train_on_the_feature_cache_with_a_reduced_vocabulary(
     want = sj.generate(model, prompts, max_new_tokens=16)
     got = sj.generate(model, prompts, max_new_tokens=16, drafter=head)
     np.testing.assert_array_equal(got.tokens, want.tokens)
-    assert got.stats["target_calls"] < want.stats["target_calls"]
+    assert got.stats.target_calls < want.stats.target_calls
     from specjax.drafters.base import Context
     from specjax.sampling import SamplingParams
 

@@ -24,7 +24,8 @@ import numpy as np
 from tqdm import tqdm
 
 import specjax as sj
-from specjax import adaptive, methods
+from specjax import methods
+from specjax.stats import Stats
 
 LOSSY = {"typical"}  # methods whose output is not the target's law are labelled in the table
 # every method the bench runs, by default all with a plain name (`name:ARGUMENT` ones on request)
@@ -116,15 +117,15 @@ class _Method:
         self.name, self.cfg, self.model, self.peers = name, cfg, model, peers
         self.method, _ = methods.find(name)
         self.kind = self.method.runner
-        self.calibration = {}
+        self.drafter, self.calibrated = None, {}  # calibrated: batch size -> the Adaptive calibrated at it
         if self.kind == "drafter":
             self.drafter = methods.make(name, model, draft)
             self.nodes = 1 if self.drafter is None else self.drafter.num_nodes
             layout = getattr(self.drafter, "layout", None)  # PPD / Hidden Transfer guess positions
             self.nodes = f"{self.nodes}+{layout.size}" if layout is not None else self.nodes
         elif self.kind == "adaptive":
-            self.adaptive = methods.make(name, model, draft)
-            self.nodes = f"1..{self.adaptive.ks[-1] + 1}"
+            self.drafter = methods.make(name, model, draft)
+            self.nodes = f"1..{self.drafter.ks[-1] + 1}"
         else:
             self.nodes = "-"
 
@@ -134,8 +135,8 @@ class _Method:
     def prepare(self, groups) -> None:
         """Per batch size, before the warm-up: adaptive measures its step costs and acceptance here."""
         if self.kind == "adaptive":
-            self.calibration[len(groups[0])] = adaptive.calibrate(
-                self.model, [p for g in groups for p in g], self.adaptive, batch_size=len(groups[0]),
+            self.calibrated[len(groups[0])] = self.drafter.calibrate(
+                self.model, [p for g in groups for p in g], batch_size=len(groups[0]),
                 max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature)
 
     def decode(self, groups):
@@ -143,12 +144,8 @@ class _Method:
         if self.kind == "peer":
             return [self.peers.decode(self.name, g, n) for g in groups]
         keys = [jax.random.key(self.cfg.seed + i) for i in range(len(groups))]
-        if self.kind == "adaptive":
-            outs = [adaptive.generate(self.model, g, self.adaptive, max_new_tokens=n, temperature=t, key=k,
-                                      calibration=self.calibration[len(g)]) for g, k in zip(groups, keys)]
-        else:
-            outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.drafter, temperature=t, key=k)
-                    for g, k in zip(groups, keys)]
+        outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.calibrated.get(len(g), self.drafter),
+                            temperature=t, key=k) for g, k in zip(groups, keys)]
         return [(o.tokens, o.stats) for o in outs]
 
 
@@ -197,9 +194,9 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
         ar_first = last["ar"][0][0][0]
         for m in here:
             outs = [s for _, s in last[m]]
-            new = sum(int(s["new_tokens"]) for s in outs)
-            committed = sum(s["committed_tokens"] for s in outs)
-            steps = sum(s["steps"] for s in outs)
+            new = sum(int(s.new_tokens) for s in outs)
+            committed = sum(s.committed_tokens for s in outs)
+            steps = sum(s.steps for s in outs)
             tps = new / min(walls[m])  # the least of the repeats: interference only adds time
             ar_tps = tps if m == "ar" else ar_tps
             first = last[m][0][0][0]
@@ -212,7 +209,7 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
                 "tau": committed / max(steps, 1),
                 "acceptance_per_depth": _mean_acceptance(outs) if runners[m].kind != "peer" else [],
                 "tokens_per_s": tps, "speedup": tps / ar_tps,
-                "verifier": outs[0].get("verifier", "transformers greedy"), "lossy": m in LOSSY,
+                "verifier": outs[0].verifier, "lossy": m in LOSSY,
                 "wall_s_min": min(walls[m]), "wall_s_median": statistics.median(walls[m]), "new_tokens": new,
                 "matches_ar_first_prompt": matches,
                 "mem_mb": round(mem[m][0], 1), "mem_source": mem[m][1],
@@ -223,12 +220,12 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
             if runners[m].kind == "adaptive":
                 k_counts = {}
                 for s in outs:
-                    for k, c in s["k_counts"].items():
+                    for k, c in s.k_counts.items():
                         k_counts[k] = k_counts.get(k, 0) + c
-                raced = outs[0]["calibrated_speedup"]  # nan: no race, the rule predicted no win
-                row.update(k_counts=k_counts, speculated=outs[0]["speculated"],
-                           step_costs_ms=[round(c * 1e3, 3) for c in outs[0]["costs"]],
-                           calibrated_rates=[round(r, 3) for r in outs[0]["rates"]],
+                raced = outs[0].calibrated_speedup  # nan: no race, the rule predicted no win
+                row.update(k_counts=k_counts, speculated=outs[0].speculated,
+                           step_costs_ms=[round(c * 1e3, 3) for c in outs[0].costs],
+                           calibrated_rates=[round(r, 3) for r in outs[0].rates],
                            calibrated_speedup=None if math.isnan(raced) else round(raced, 3))
             rows.append(row)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -248,16 +245,16 @@ def skipped(cfg: BenchConfig) -> list[dict]:
             for b in cfg.batches for u, m in peers.items() if b > (m.max_batch or b)]
 
 
-def _tau_per_category(cats, stats: list[dict]) -> dict[str, float]:
+def _tau_per_category(cats, stats: list[Stats]) -> dict[str, float]:
     """tau over each category's calls (`cats[i]` is call i's category)."""
     sums = {}
     for cat, s in zip(cats, stats):
         c, n = sums.get(cat, (0, 0))
-        sums[cat] = (c + s["committed_tokens"], n + s["steps"])
+        sums[cat] = (c + s.committed_tokens, n + s.steps)
     return {cat: c / max(n, 1) for cat, (c, n) in sums.items()}
 
 
-def _mean_acceptance(stats: list[dict]) -> list[float]:
-    depths = max(len(s["acceptance_per_depth"]) for s in stats)
-    return [float(np.mean([s["acceptance_per_depth"][d] for s in stats if d < len(s["acceptance_per_depth"])]))
+def _mean_acceptance(stats: list[Stats]) -> list[float]:
+    depths = max(len(s.acceptance_per_depth) for s in stats)
+    return [float(np.mean([s.acceptance_per_depth[d] for s in stats if d < len(s.acceptance_per_depth)]))
             for d in range(depths)]

@@ -15,11 +15,13 @@ skipped at larger batches.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
 
 from specjax import methods
+from specjax.stats import Stats
 
 
 def torch_threads() -> int:
@@ -79,9 +81,10 @@ class Peers:
                                num_beams=1)
         return {"generation_config": cfg, **methods.find(method)[0].make(self.model, self.draft)}
 
-    def decode(self, method: str, prompts, max_new_tokens: int) -> tuple[np.ndarray, dict]:
+    def decode(self, method: str, prompts, max_new_tokens: int) -> tuple[np.ndarray, Stats]:
         """Greedy-decode a batch of token-id lists (ragged allowed); returns int32[B,
-        max_new_tokens] and stats."""
+        max_new_tokens] and stats (the step counts of transformers' forwards; its wall time
+        includes any compiling)."""
         torch = self.torch
         width = max(len(p) for p in prompts)
         ids = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -89,12 +92,13 @@ class Peers:
         for i, p in enumerate(prompts):  # left padding: every row's last prompt token is at the end
             ids[i, width - len(p):] = torch.as_tensor(np.asarray(p), dtype=torch.long)
             mask[i, width - len(p):] = 1
-        self.calls = 0
+        self.calls, start = 0, time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(ids, attention_mask=mask, **self._kwargs(method, max_new_tokens))
+        wall = time.perf_counter() - start
         new = out[:, ids.shape[1]:].numpy().astype(np.int32)
         if new.shape[1] != max_new_tokens:
             raise RuntimeError(f"{method} produced {new.shape[1]} tokens, expected {max_new_tokens}")
-        n = int(new.size)
-        return new, {"new_tokens": n, "target_calls": self.calls,
-                     "committed_tokens": new.shape[1], "steps": self.calls}
+        n, steps = int(new.size), max(self.calls, 1)
+        return new, Stats(method, "transformers greedy", new.shape[1] / steps, self.calls, new.shape[1], self.calls,
+                          (), n, wall, 0.0, n / wall)

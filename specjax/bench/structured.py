@@ -65,10 +65,10 @@ def run(model_name: str, methods: list[str], max_new_tokens: int, repeats: int, 
             eos_token_id=eos, constraint=constraint if METHODS[m][1] else None, key=jax.random.key(0))
             for m in methods}
         first = {m: call() for m, call in calls.items()}  # compiles; its output is the one checked
-        best = {m: out.stats["tokens_per_s"] for m, out in first.items()}  # compilation excluded
+        best = {m: out.stats.tokens_per_s for m, out in first.items()}  # compilation excluded
         for _ in range(repeats):
             for m in rng.permutation(methods):
-                best[m] = max(best[m], calls[m]().stats["tokens_per_s"])
+                best[m] = max(best[m], calls[m]().stats.tokens_per_s)
         for method in methods:
             out = first[method]
             tokens = _new_tokens(out)
@@ -78,12 +78,12 @@ def run(model_name: str, methods: list[str], max_new_tokens: int, repeats: int, 
             rows.append({"schema": item["name"], "kind": item["kind"], "method": method,
                          "new_tokens": n, "cut_off": not ended,
                          "compliance": compliance(text, item["schema"]) if ended else "cut off",
-                         "tau": out.stats["tau"], "tokens_per_s": best[method],
+                         "tau": out.stats.tau, "tokens_per_s": best[method],
                          "speedup": best[method] / best["constrained-ar"] if "constrained-ar" in best else None,
                          "equals_constrained_ar": None if "constrained-ar" not in first or not METHODS[method][1]
                          else tokens == _new_tokens(first["constrained-ar"]),
                          "output": text})
-            print(f"{item['name']:18s} {method:34s} {rows[-1]['compliance']:8s} tau {out.stats['tau']:.2f} "
+            print(f"{item['name']:18s} {method:34s} {rows[-1]['compliance']:8s} tau {out.stats.tau:.2f} "
                   f"{rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
     return rows
 

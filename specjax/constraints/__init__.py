@@ -8,16 +8,18 @@ automaton over the model's vocabulary (`TokenAutomaton`, compact device arrays),
 The regex -> token DFA compilation is outlines-core's (`pip install specjax[constraints]`):
 its index maps straight onto static arrays (a state's allowed tokens and next states), and it
 covers the JSON Schema features of JSONSchemaBench's common kinds (objects, arrays, enums,
-string formats, optional fields); what it does not enforce is refused (`UnsupportedSchema`)."""
+string formats, optional fields); what it does not enforce is refused (`UnsupportedSchema`).
+`Constraint` is the protocol the decode loop runs (`base`); `Unconstrained` its no-op default."""
 
 from __future__ import annotations
 
 from specjax.constraints.automaton import TokenAutomaton
+from specjax.constraints.base import Constraint, Unconstrained
 from specjax.constraints.json_schema import UnsupportedSchema, schema_regex
 from specjax.constraints.forced_text import forced_first_tokens
 from specjax.constraints.vocabulary import outlines_vocabulary, token_bytes
 
-__all__ = ["TokenAutomaton", "UnsupportedSchema", "json_schema", "regex"]
+__all__ = ["Constraint", "TokenAutomaton", "Unconstrained", "UnsupportedSchema", "json_schema", "regex"]
 
 
 def regex(pattern: str, tokenizer, *, vocab_size: int | None = None) -> TokenAutomaton:

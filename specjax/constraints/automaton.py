@@ -26,14 +26,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.tree import DraftTree
+from specjax.constraints.base import Constraint
+from specjax.tree import DraftTree, row_gather
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class TokenAutomaton:
+class TokenAutomaton(Constraint):
     """A compiled constraint (a pytree: arrays are leaves, sizes static). Build with
-    `sj.constraints.json_schema` / `sj.constraints.regex` or `TokenAutomaton.from_transitions`."""
+    `sj.constraints.json_schema` / `sj.constraints.regex` or `TokenAutomaton.from_transitions`.
+    `state` int32[B] is each row's state once the decode loop has `start`ed it (None before)."""
 
     mask: jax.Array
     offsets: jax.Array
@@ -43,6 +45,7 @@ class TokenAutomaton:
     initial: jax.Array  # int32[]: the start state
     vocab_size: int = dataclasses.field(metadata=dict(static=True))
     eos_token_ids: tuple[int, ...] = dataclasses.field(default=(), metadata=dict(static=True))
+    state: jax.Array | None = None
 
     @property
     def num_states(self) -> int:
@@ -90,6 +93,38 @@ class TokenAutomaton:
                    jnp.asarray(nxt), jnp.asarray(forced_at), jnp.asarray(np.searchsorted(names, initial), jnp.int32),
                    vocab_size, tuple(eos_token_ids))
 
+    # ---- the decode loop's protocol (`Constraint`) ---------------------------------------------
+
+    def check(self, vocab_size: int) -> None:
+        if self.vocab_size > vocab_size:
+            raise ValueError(f"the constraint was built for a vocabulary of {self.vocab_size} "
+                             f"tokens, the model has {vocab_size}")
+
+    def start(self, batch: int) -> TokenAutomaton:
+        return dataclasses.replace(self, state=jnp.full((batch,), self.initial, jnp.int32))
+
+    def nodes(self, tree: DraftTree | None = None, select=slice(None)) -> jax.Array:
+        """int32[B, n]: the state after each selected node's path (tree None: the root's)."""
+        return self.state[:, None] if tree is None else self.node_states(tree, self.state)[:, select]
+
+    def advance(self, nodes: jax.Array, end: jax.Array, token: jax.Array, active: jax.Array) -> TokenAutomaton:
+        at_end = row_gather(nodes, end)
+        return dataclasses.replace(self, state=jnp.where(active, self.step(at_end, token), self.state))
+
+    def forced_tokens(self, n: int, batch: int) -> tuple[jax.Array, jax.Array, TokenAutomaton]:
+        """The `forced` chain from each row's state, stopped at the first state without one
+        and before EOS (an end is not drafted)."""
+        eos = jnp.array(self.eos_token_ids or (-1,))
+
+        def follow(carry, _):
+            state, alive = carry
+            t = self.forced[state]
+            alive &= (t >= 0) & ~jnp.isin(t, eos)
+            return (jnp.where(alive, self.step(state, t), state), alive), (jnp.where(alive, t, 0), alive)
+
+        (state, _), (tokens, alive) = jax.lax.scan(follow, (self.state, jnp.ones((batch,), bool)), length=n)
+        return tokens.T, alive.sum(0, dtype=jnp.int32), dataclasses.replace(self, state=state)
+
     # ---- device functions (pure; any leading shape) -------------------------------------------
 
     def allowed(self, states: jax.Array) -> jax.Array:
@@ -136,7 +171,10 @@ class TokenAutomaton:
     def prune(self, tree: DraftTree, node_states: jax.Array) -> DraftTree:
         """The tree without the nodes whose token their parent's state forbids (their state is
         `dead`). Only for deterministic drafts (q None): there a forbidden node is rejected
-        with certainty and leaves the residual as it was, so removing it changes no law."""
+        with certainty and leaves the residual as it was, so removing it changes no law; a
+        tree with draft distributions is returned as it is."""
+        if tree.q is not None:
+            return tree
         return DraftTree.build(tree.tokens, tree.parents, valid=tree.valid & (node_states != self.dead),
                                max_depth=tree.max_depth)
 

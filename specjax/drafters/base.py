@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from specjax import verify
+from specjax.constraints.base import Constraint, Unconstrained
 from specjax.models import ForwardOutput, Injection, KVCache, Model
 from specjax.sampling import SamplingParams
 from specjax.tree import DraftTree, Verdict, row_gather
@@ -37,7 +38,7 @@ class EmptyState(NamedTuple):
 
 
 class Context(NamedTuple):
-    """What the engine knows when a step starts.
+    """What the engine knows when a step starts (`DecodeState.context` derives it).
 
     tokens: int32[B, S], each row's committed tokens (prompt, then generated), padded with 0;
     length: int32[B], committed tokens per row; the root (not yet in the target's cache) is
@@ -45,9 +46,9 @@ class Context(NamedTuple):
     sampling: the static SamplingParams, which drafters apply to their own logits too;
     model: the target Model being decoded (its params are the loop's, not a copy);
     cache: the target's KVCache, slots [0, length - 1) committed (self-drafters read it);
-    constraint: the decode's `sj.constraints.TokenAutomaton` or None, and constraint_state
-      int32[B] its state after each row's committed output (the root's state). Drafters that
-      sample mask their logits with `constrain`, so their drafts follow the constraint too.
+    constraint: the decode's `sj.constraints.Constraint`, each row at the root's place
+      (`Unconstrained` when there is none). Drafters that sample mask their logits with
+      `constrain`, so their drafts follow the constraint too.
     """
 
     tokens: jax.Array
@@ -55,8 +56,7 @@ class Context(NamedTuple):
     sampling: SamplingParams
     model: Model | None = None
     cache: KVCache | None = None
-    constraint: Any = None
-    constraint_state: jax.Array | None = None
+    constraint: Constraint = Unconstrained()
 
     @property
     def root(self) -> jax.Array:
@@ -64,13 +64,8 @@ class Context(NamedTuple):
 
     def constrain(self, logits: jax.Array, tree: DraftTree | None = None, nodes=slice(0, 1)) -> jax.Array:
         """logits float[B, n, V] of the tree nodes `nodes` (a slice of n nodes; tree None: the
-        root) with the tokens the constraint forbids after each node's path masked (unchanged
-        without a constraint)."""
-        if self.constraint is None:
-            return logits
-        states = (self.constraint_state[:, None] if tree is None
-                  else self.constraint.node_states(tree, self.constraint_state)[:, nodes])
-        return self.constraint.mask_logits(logits, states)
+        root) with the tokens the constraint forbids after each node's path masked."""
+        return self.constraint.mask_logits(logits, self.constraint.nodes(tree, nodes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,12 +100,22 @@ class Drafter:
     def check(self, target: Model) -> None:
         """Raise a clear error if this drafter cannot serve `target` (host-side, before jit)."""
 
+    @property
+    def supports_forced(self) -> bool:
+        """Whether `Forced` can wrap this drafter: its state must keep without `update` and it
+        must add no `injection`, since the verify pass sees the combined tree, not its own."""
+        return type(self).update is Drafter.update and type(self).injection is Drafter.injection
+
+    @property
+    def supports_chain(self) -> bool:
+        """Whether `chain(k)` gives this drafter's chain of k tokens (`sj.Adaptive` needs one)."""
+        return False
+
     def chain(self, k: int) -> "Drafter":
         """This drafter drafting a chain of k >= 1 tokens, for drivers that choose the length
         each step (`specjax.adaptive`); its state must survive the steps it does not draft.
-        Chain drafters (DraftModel mode='chain', PromptLookup) override this."""
-        raise ValueError(f"adaptive speculation needs a chain drafter (DraftModel mode='chain' or "
-                         f"PromptLookup), got {self.name}")
+        Drafters whose `supports_chain` is true override this."""
+        raise ValueError(f"{self.name} has no chain form (supports_chain is false)")
 
     def init(self, target: Model, prompts: jax.Array, lengths: jax.Array, cache_len: int,
              prefill: ForwardOutput | None = None) -> Any:

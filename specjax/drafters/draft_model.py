@@ -126,6 +126,10 @@ class DraftModel(Drafter):
         return {"chain": verify.SpeculativeSampling(), "iid": verify.SpecTr(), "gumbel": verify.RSD(),
                 "beam": verify.RSD(), "topk": verify.TopK(), "dyspec": verify.RSD()}[self.mode]
 
+    @property
+    def supports_chain(self) -> bool:
+        return self.mode == "chain"
+
     def chain(self, k: int) -> "DraftModel":
         """A chain of k (mode 'chain' only); its cache catches up after the steps it skips."""
         if self.mode != "chain":

@@ -28,7 +28,7 @@ from specjax.tree import DraftTree
 @dataclasses.dataclass(frozen=True)
 class Forced(Drafter):
     """Drafts the constraint's forced text (certain or predicted tokens), then `inner`'s tree
-    (default: none). `inner` must keep its state without `update` (NoDrafter, PromptLookup,
+    (default: none). `inner` must support it (`Drafter.supports_forced`: NoDrafter, PromptLookup,
     Lookahead, DraftModel)."""
 
     inner: Drafter = dataclasses.field(default_factory=NoDrafter)
@@ -37,7 +37,7 @@ class Forced(Drafter):
     def __post_init__(self):
         if not isinstance(self.inner, Drafter):
             raise TypeError(f"inner must be a specjax drafter, got {type(self.inner).__name__}")
-        if type(self.inner).update is not Drafter.update or type(self.inner).injection is not Drafter.injection:
+        if not self.inner.supports_forced:
             raise ValueError(f"Forced cannot wrap {self.inner.name}: its state is updated from the "
                              "verify pass, which sees the combined tree")
         if not isinstance(self.max_forced, int) or self.max_forced < 1:
@@ -97,23 +97,11 @@ class Forced(Drafter):
         return DraftTree.build(tokens, parents, q=q, valid=valid, max_depth=self.max_depth), state
 
     def _forced(self, ctx: Context):
-        """The forced tokens int32[B, max_forced] from the root's state, their count k int32[B]
-        (EOS is not drafted), and the inner drafter's context with them committed."""
+        """The forced tokens int32[B, max_forced] from the root's place in the constraint, their
+        count k int32[B] (EOS is not drafted), and the inner drafter's context with them committed."""
         b = ctx.tokens.shape[0]
-        if ctx.constraint is None:
-            return jnp.zeros((b, self.max_forced), jnp.int32), jnp.zeros((b,), jnp.int32), ctx
-        automaton, state = ctx.constraint, ctx.constraint_state
-        eos = jnp.array(automaton.eos_token_ids or (-1,))
-
-        def follow(carry, _):
-            state, alive = carry
-            t = automaton.forced[state]
-            alive &= (t >= 0) & ~jnp.isin(t, eos)
-            return (jnp.where(alive, automaton.step(state, t), state), alive), (jnp.where(alive, t, 0), alive)
-
-        (state, _), (tokens, alive) = jax.lax.scan(follow, (state, jnp.ones((b,), bool)), length=self.max_forced)
-        tokens, k = tokens.T, alive.sum(0, dtype=jnp.int32)
+        tokens, k, constraint = ctx.constraint.forced_tokens(self.max_forced, b)
         idx = ctx.length[:, None] + jnp.arange(self.max_forced)[None, :]
         idx = jnp.where(jnp.arange(self.max_forced)[None, :] < k[:, None], idx, ctx.tokens.shape[1])
         history = ctx.tokens.at[jnp.arange(b)[:, None], idx].set(tokens, mode="drop")
-        return tokens, k, ctx._replace(tokens=history, length=ctx.length + k, constraint_state=state)
+        return tokens, k, ctx._replace(tokens=history, length=ctx.length + k, constraint=constraint)

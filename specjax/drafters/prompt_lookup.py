@@ -28,6 +28,7 @@ class PromptLookup(Drafter):
     min_ngram: int = dataclasses.field(default=1, metadata=dict(static=True))
 
     name = "prompt-lookup"
+    supports_chain = True
 
     def __post_init__(self):
         if not (1 <= self.min_ngram <= self.max_ngram):

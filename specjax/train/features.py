@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from specjax.engine import bucket
+from specjax.decoding import bucket
 from specjax.heads.eagle import EagleConfig
 from specjax.models import ModelConfig, forward
 from specjax.models.llama import lm_head

@@ -117,9 +117,9 @@ def test_sharded_greedy_generation_equals_one_device(name, shape, target, drafte
     got = sj.generate(sj.shard(target, mesh(*shape)), RAGGED, max_new_tokens=16, drafter=drafters[name])
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.num_tokens, want.num_tokens)
-    assert got.stats["tau"] == want.stats["tau"]
+    assert got.stats.tau == want.stats.tau
     if name in ("draft-chain", "prompt-lookup"):  # the random heads' drafts are rarely right
-        assert want.stats["tau"] > 1.0  # the drafter's tokens were accepted, not only bonus tokens
+        assert want.stats.tau > 1.0  # the drafter's tokens were accepted, not only bonus tokens
 
 
 def test_sharded_stream_equals_one_device(target, one_device):
@@ -131,12 +131,12 @@ def test_sharded_stream_equals_one_device(target, one_device):
 def test_sharded_adaptive_equals_one_device(target, drafters, one_device):
     """The adaptive loop lays the batch and its variants out on the model's mesh as generate
     does (3 ragged rows padded to 4 over 'data'); greedy output is AR's."""
-    from specjax import adaptive
-    ad = adaptive.Adaptive(drafters["prompt-lookup"])
-    cal = adaptive.Calibration(np.array([1.0, 0.5, 0.5, 0.5]), np.full(4, 0.9))  # predicts a win
+    from specjax.adaptive import Calibration
+    cal = Calibration(np.array([1.0, 0.5, 0.5, 0.5]), np.full(4, 0.9))  # predicts a win
+    ad = sj.Adaptive(drafters["prompt-lookup"], calibration=cal)
     want = one_device("ar")
-    got = adaptive.generate(sj.shard(target, mesh(4, 2)), RAGGED, ad, max_new_tokens=16, calibration=cal)
-    assert got.stats["speculated"]
+    got = sj.generate(sj.shard(target, mesh(4, 2)), RAGGED, max_new_tokens=16, drafter=ad)
+    assert got.stats.speculated
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.num_tokens, want.num_tokens)
 
