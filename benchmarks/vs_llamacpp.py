@@ -59,8 +59,8 @@ def run_specjax(gguf: str, method: str, prompts: list[list[int]], max_new: int) 
     for ids in prompts:
         out = sj.generate(model, [ids], max_new_tokens=max_new, drafter=drafter, eos_token_id=eos)
         new += int(out.num_tokens[0])
-        seconds += out.stats["wall_time_s"]
-        calls += out.stats["target_calls"]
+        seconds += out.stats.wall_time_s
+        calls += out.stats.target_calls
     return {"tokens_per_s": new / seconds, "new_tokens": new, "tau": new / calls}
 
 
