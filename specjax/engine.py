@@ -295,6 +295,9 @@ def plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter=Non
     size; with `target`, the drafter is checked against it. Errors name the bad argument."""
     params = sampling.SamplingParams(float(temperature), top_k, top_p)
     asked = DecodeSettings(max_new_tokens, params, _eos_ids(eos_token_id))
+    if any(not 0 <= e < config.vocab_size for e in asked.eos_token_ids):
+        raise ValueError(f"eos_token_id must be in the vocabulary [0, {config.vocab_size}), got "
+                         f"{list(asked.eos_token_ids)}")
     drafter = NoDrafter() if drafter is None else drafter
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a specjax drafter (sj.drafters.*), got {type(drafter).__name__}")
@@ -478,10 +481,15 @@ def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, dra
     """Yield the new token ids of one prompt as each jitted step produces them (a host loop over
     the same step `generate` compiles into its while_loop, for CLIs; shapes bucketed as there).
     The generator's return value (StopIteration.value) is the stats dict, with the same
-    timing as `generate`'s: decoding alone, and `compile_s` apart. `constraint` as in generate."""
+    timing as `generate`'s: decoding alone, and `compile_s` apart. `constraint` as in generate.
+    The inputs are checked by this call, not at the first token."""
     p, mesh, drafter, rows, _ = _placed(model, [list(prompt)], drafter, verifier, max_new_tokens,
                                         temperature, top_k, top_p, eos_token_id, constraint)
-    key = jax.random.key(0) if key is None else key
+    return _stream_steps(model, p, mesh, drafter, rows, jax.random.key(0) if key is None else key, constraint)
+
+
+def _stream_steps(model: Model, p: Plan, mesh, drafter: Drafter, rows: Batch, key: jax.Array,
+                  constraint) -> Iterator[list[int]]:
     compiled_before, t0 = _compile_seconds(), time.perf_counter()
     with sharding.use_mesh(mesh):  # a sharded model: traced for its mesh
         state = _prefill_jit(model, drafter, rows.prompts, rows.lengths, key, budget=rows.budget,

@@ -56,11 +56,11 @@ def test_generate_command_matches_the_library():
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "/nonexistent/folder"], "no model at '/nonexistent/folder'"),
-    (["--drafter", "bogus"], "unknown --drafter 'bogus'"),
-    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-    (["--top-p", "2", "--temperature", "1"], r"top_p must be in (0, 1]"),
-    (["--top-k", "0", "--temperature", "1"], "top_k must be an integer >= 1"),
-    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
+    (["--drafter", "bogus"], "argument --drafter: invalid choice: 'bogus' (choose from 'ar', "),
+    (["--temperature", "-1"], "argument --temperature: must be a finite number >= 0, got -1"),
+    (["--top-p", "2", "--temperature", "1"], "argument --top-p: must be a finite number in (0, 1], got 2"),
+    (["--top-k", "0", "--temperature", "1"], "argument --top-k: must be an integer >= 1, got 0"),
+    (["--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, message):
     r = run("generate", "--prompt", "x = 1", *args, timeout=120)
@@ -100,7 +100,9 @@ def test_help_lists_every_drafter_method(capsys, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     drafters = [m for m in METHODS.values()
                 if m.runner == "drafter" and not m.argument and "constraint" not in m.needs]
-    assert all(f"{m.name}: {m.description}" in text for m in drafters), text
+    assert all(f"{m.name}: {m.description}" in text or f"{m.name} (needs a {m.needs[0]}): {m.description}" in text
+               for m in drafters), text
+    assert "draft-chain (needs a draft model): " in text and "medusa (needs a shipped head): " in text
     assert "forced:" not in text  # needs a constraint: the structured bench's, not --drafter's
 
 
@@ -113,7 +115,7 @@ def test_prompt_longer_than_the_context_fails_before_the_echo(capsys):
 def test_non_utf8_prompt_is_one_line(capsys):
     prompt = b"x = '\xff'".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
     _, err = one_line_error(capsys, ["generate", "--prompt", prompt])
-    assert "--prompt is not valid UTF-8 (byte 0xff at character 5)" in err
+    assert "argument --prompt: not valid UTF-8 (byte 0xff at character 5)" in err
 
 
 def test_truncated_weights_are_one_line(tmp_path, capsys):

@@ -138,7 +138,10 @@ def test_steps_below_one_are_one_line_and_exit_2(corpus, tmp_path, capsys):
     for steps in ("0", "-3"):
         assert cli(["--config", str(tmp_path / "c.toml"), "--steps", steps]) == 2
         err = capsys.readouterr().err
-        assert err == f"error: train.steps (--steps) must be an integer >= 1, got {steps}\n"
+        assert err.startswith(f"error: argument --steps: must be an integer >= 1, got {steps} (")
+        assert err.count("\n") == 1
+    assert cli(["--config", str(tmp_path / "c.toml"), "--set", "train.steps=0"]) == 2
+    assert capsys.readouterr().err == "error: [train] steps must be an integer >= 1, got 0\n"
     assert not (tmp_path / "run").exists()
 
 
