@@ -54,7 +54,7 @@ def _bench_methods() -> dict:
 
 
 def _needs(m) -> str:
-    return f" (needs a {', '.join(m.needs)})" if m.needs else ""
+    return f" (needs: {', '.join(m.needs)})" if m.needs else ""
 
 
 def _listing(methods: dict) -> str:
@@ -279,7 +279,7 @@ def cmd_convert(args) -> None:
 def cmd_bench(args) -> None:
     import shlex
 
-    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, run, skipped
+    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, measure, prepare, skipped
     from specjax.bench.report import caveat, markdown, write
 
     if args.methods == []:  # `--methods` alone: the list
@@ -292,9 +292,10 @@ def cmd_bench(args) -> None:
     if args.quick:
         cfg = dataclasses.replace(cfg, num_prompts=2, max_new_tokens=16, repeats=1)
     try:
-        rows = run(cfg)
+        prepared = prepare(cfg)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
+    rows = measure(prepared)
     command = "python -m specjax " + shlex.join(args.argv)
     write(rows, cfg, Path(args.out), command, skipped(cfg))
     print(markdown(rows, skipped(cfg)))

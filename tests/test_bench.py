@@ -18,6 +18,7 @@ from specjax.__main__ import main
 from specjax.bench.harness import BenchConfig, _tokenized_prompts, run, skipped
 from specjax.bench.report import caveat, write
 from specjax.convert import ASSETS, resolve
+from specjax.data.prompts import prompt_set
 from specjax.tokenizer import load_tokenizer
 
 pytest.importorskip("transformers")
@@ -132,7 +133,7 @@ def test_chat_rows_in_chat_template(models, tmp_path):
         {"id": "b", "category": "multi_turn", "turns": ["Name a loop.", "Another?"], "replies": ["for"]}])
     tok = load_tokenizer(folder)
     cfg = BenchConfig(model=str(folder), prompts=path, num_prompts=None)
-    assert _tokenized_prompts(cfg, tok) == [
+    assert _tokenized_prompts(prompt_set(cfg.prompts, cfg.num_prompts), tok) == [
         ("qa", tok.encode("<user> What is a list?\n<assistant> ")),
         ("multi_turn", tok.encode("<user> Name a loop.\n<assistant> for\n<user> Another?\n<assistant> "))]
 

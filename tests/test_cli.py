@@ -100,9 +100,9 @@ def test_help_lists_every_drafter_method(capsys, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     drafters = [m for m in METHODS.values()
                 if m.runner == "drafter" and not m.argument and "constraint" not in m.needs]
-    assert all(f"{m.name}: {m.description}" in text or f"{m.name} (needs a {m.needs[0]}): {m.description}" in text
+    assert all(f"{m.name}: {m.description}" in text or f"{m.name} (needs: {m.needs[0]}): {m.description}" in text
                for m in drafters), text
-    assert "draft-chain (needs a draft model): " in text and "medusa (needs a shipped head): " in text
+    assert "draft-chain (needs: draft model): " in text and "medusa (needs: shipped head): " in text
     assert "forced:" not in text  # needs a constraint: the structured bench's, not --drafter's
 
 
