@@ -20,8 +20,6 @@ from specjax.cli import UsageError
 from specjax.train.bpe import SPECIAL_TOKENS
 from specjax.train.run_config import load_config, parse_value
 
-COMMANDS = ("run", "export", "distill", "features", "evaluate", "tokenizer")
-
 
 def parser() -> argparse.ArgumentParser:
     p = cli.ArgumentParser(prog="python -m specjax.train", description=__doc__,
@@ -107,7 +105,7 @@ def _temperatures(text: str) -> tuple[float, ...]:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] not in ([c] for c in (*COMMANDS, "-h", "--help")):
+    if argv[:1] not in ([c] for c in ("-h", "--help")) and (not argv or argv[0].startswith("-")):
         argv = ["run", *argv]  # `python -m specjax.train --config F` trains
 
     def command():
