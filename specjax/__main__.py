@@ -1,4 +1,13 @@
-"""`python -m specjax <command>`: generate, convert."""
+"""`python -m specjax COMMAND`:
+
+  generate  generate text from a prompt, printing it as it comes
+  convert   convert a model (HF folder, specjax checkpoint, GGUF file or name) to a specjax
+            checkpoint or an HF folder
+  bench     tau, tokens/s and speedup of every decoding method on a prompt set
+
+Training is `python -m specjax.train`. Bad input is one line on stderr and exit status 2;
+Ctrl-C is one line and exit status 130.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +16,13 @@ import dataclasses
 import sys
 from pathlib import Path
 
+from specjax import cli
+from specjax.cli import UsageError
+
 # Weights past any CPU cache: a batch-1 step reads them all from memory, the regime where a step
 # over a few tokens costs little more than over one.
 MEMORY_BOUND_BYTES = 256 << 20
-
-
-class UsageError(Exception):
-    """Bad command-line input: reported as one line on stderr with exit code 2."""
+DEFAULT_DRAFT = "tiny-draft"
 
 
 def default_drafter(target, temperature: float) -> str:
@@ -44,60 +53,109 @@ def _bench_methods() -> dict:
     return {u: m for u, m in METHODS.items() if "constraint" not in m.needs}
 
 
+def _needs(m) -> str:
+    return f" (needs: {', '.join(m.needs)})" if m.needs else ""
+
+
 def _listing(methods: dict) -> str:
-    """'name: description; ...' for a --help text (argparse %-formats help strings)."""
-    return "; ".join(f"{name}: {m.description}" for name, m in methods.items()).replace("%", "%%")
+    """'name (needs ...): description; ...' for a --help text (argparse %-formats help strings)."""
+    return "; ".join(f"{name}{_needs(m)}: {m.description}" for name, m in methods.items()).replace("%", "%%")
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m specjax", description=__doc__)
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = cli.ArgumentParser(prog="python -m specjax", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    count, temperature = cli.integer(1), cli.number(0)
 
-    g = sub.add_parser("generate", help="generate text from a prompt, printing as it comes")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--model", default="tiny", help="model name (tiny, smollm2), HF folder with a tokenizer, or .gguf file")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--drafter", default=None,
+    g = sub.add_parser("generate", help="generate text from a prompt, printing it as it comes",
+                       description="Generate text from a prompt, printing it as it comes, then a status "
+                                   "line on stderr.")
+    g.add_argument("--prompt", required=True, type=cli.text(), help="the prompt text (not empty)")
+    g.add_argument("--model", default="tiny",
+                   help="model name (tiny, smollm2), HF folder with a tokenizer, or .gguf file")
+    g.add_argument("--drafter", default=None, choices=_generate_methods(), metavar="NAME",
                    help=f"the decoding method (default: the fastest measured for the model and temperature): "
                         f"{_listing(_generate_methods())}")
+    g.add_argument("--draft", default=None, metavar="PATH",
+                   help=f"the draft model of the drafters that need one, with the target's vocabulary "
+                        f"(default: {DEFAULT_DRAFT}, for --model tiny)")
+    g.add_argument("--max-new-tokens", type=count, default=128, help="new tokens at most (>= 1)")
+    g.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy; > 0: sample")
+    g.add_argument("--top-k", type=count, default=None, help="sample from the k likeliest tokens only")
+    g.add_argument("--top-p", type=cli.number(0, 1, low_open=True), default=None,
+                   help="sample from the smallest set of tokens holding this probability, in (0, 1]")
+    g.add_argument("--seed", type=cli.integer(*cli.SEED_RANGE), default=0,
+                   help=f"the sampling seed, in [0, {cli.SEED_RANGE[1]}]")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="render the prompt as a user message with the model's chat template "
                         "(default: when the model has one) and print only the answer")
-    g.add_argument("--system", default=None, help="a system message (with --chat)")
+    g.add_argument("--system", default=None, type=cli.text(), help="a system message (with --chat)")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
-                       help="constrain the output to JSON valid under this schema (forced tokens drafted)")
-    shape.add_argument("--regex", default=None, metavar="PATTERN", help="constrain the output to this regex")
+                       help="constrain the output to JSON valid under the schema in FILE "
+                            "(needs outlines-core)")
+    shape.add_argument("--regex", default=None, type=cli.text(), metavar="PATTERN",
+                       help="constrain the output to this regular expression (no backreferences or "
+                            "lookarounds; needs outlines-core)")
 
-    c = sub.add_parser("convert", help="convert an HF folder to a specjax checkpoint (or back)")
-    c.add_argument("src", help="HF folder or specjax checkpoint")
-    c.add_argument("out")
-    c.add_argument("--format", choices=("specjax", "hf"), default="specjax")
-    c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    c = sub.add_parser("convert", help="convert a model to a specjax checkpoint or an HF folder",
+                       description="Convert an HF folder, a specjax checkpoint, a .gguf file or a named model "
+                                   "to a specjax checkpoint (or an HF folder), copying its tokenizer.")
+    c.add_argument("src", help="HF folder, specjax checkpoint, .gguf file or model name")
+    c.add_argument("out", help="the folder to write")
+    c.add_argument("--format", choices=("specjax", "hf"), default="specjax", help="what to write")
+    c.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="cast the weights (default: the source's; float32 for a GGUF). On a CPU a "
+                        "bfloat16 model decodes several times slower than float32")
     c.add_argument("--force", action="store_true", help="replace OUT if it holds a model already")
-    bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on a prompt set")
-    bn.add_argument("--model", default="tiny")
-    bn.add_argument("--draft", default="tiny-draft", help="draft model for the methods that need one: "
+
+    bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on a prompt set",
+                        description="Measure tau, tokens/s and speedup over AR of each method on a prompt "
+                                    "set; write results.json, results.md and chart.png to --out.")
+    bn.add_argument("--model", default="tiny", help="model name (tiny, smollm2), HF folder or .gguf file")
+    bn.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the methods that need one: "
                     + ", ".join(u for u, m in _bench_methods().items() if "draft model" in m.needs))
-    bn.add_argument("--methods", nargs="+", default=None,
-                    help=f"methods to run (default: all with a plain name): {_listing(_bench_methods())}")
+    bn.add_argument("--methods", nargs="*", default=None, metavar="NAME",
+                    help=f"methods to run (default: all with a plain name; --methods alone lists them): "
+                         f"{_listing(_bench_methods())}")
     bn.add_argument("--prompts", default="stdlib",
-                    help="stdlib (held-out code, for the tiny model; default), humaneval, chat (the "
+                    help="stdlib (held-out code, for the tiny model), humaneval, chat (the "
                          "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")
-    bn.add_argument("--batch", type=int, nargs="+", default=[1])
-    bn.add_argument("--max-new-tokens", type=int, default=128)
-    bn.add_argument("--temperature", type=float, default=0.0,
+    bn.add_argument("--batch", type=count, nargs="+", default=[1], metavar="B", help="batch sizes (>= 1)")
+    bn.add_argument("--max-new-tokens", type=count, default=128, help="new tokens per prompt (>= 1)")
+    bn.add_argument("--temperature", type=temperature, default=0.0,
                     help="sample with each method's exact rule (transformers rows are greedy only)")
-    bn.add_argument("--repeats", type=int, default=3)
-    bn.add_argument("--num-prompts", type=lambda s: None if s == "all" else int(s), default=8,
-                    help="how many, taken in turn from each category, or 'all' (default 8)")
-    bn.add_argument("--out", default="runs/bench")
+    bn.add_argument("--repeats", type=count, default=3, help="timed runs per method (>= 1); the best counts")
+    bn.add_argument("--num-prompts", type=_all_or(count), default=8, metavar="N",
+                    help="how many prompts (>= 1), taken in turn from each category, or 'all'")
+    bn.add_argument("--out", default="runs/bench", help="folder for results.json, results.md, chart.png")
     bn.add_argument("--quick", action="store_true", help="2 prompts, 16 new tokens, 1 repeat")
     return ap
+
+
+def _all_or(parse):
+    def all_or(text: str):
+        return None if text == "all" else parse(text)
+    return all_or
+
+
+def _resolve(name: str, flag: str) -> Path:
+    from specjax.convert import resolve
+
+    try:
+        return resolve(name)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
+def _load(folder: Path, flag: str, dtype: str | None = None):
+    import specjax as sj
+
+    try:
+        return sj.load(folder, dtype=dtype)
+    except (ValueError, OSError, KeyError) as e:
+        raise UsageError(f"cannot load {flag} {folder}: {e}") from None
 
 
 def _load_tokenizer(path: Path):
@@ -111,30 +169,26 @@ def _load_tokenizer(path: Path):
         raise UsageError(f"{path}: cannot read the tokenizer ({e})") from None
 
 
-def cmd_generate(args) -> None:
+def cmd_generate(args) -> int:
+    """Print the answer as it comes; on Ctrl-C, what came so far and 'interrupted after N tokens'."""
+    new = []  # the tokens printed so far
+    try:
+        _generate(args, new)
+    except KeyboardInterrupt:
+        print(flush=True)
+        print(f"interrupted after {len(new)} tokens", file=sys.stderr)
+        return cli.INTERRUPTED_STATUS
+    return 0
+
+
+def _generate(args, new: list[int]) -> None:
     import jax
 
     import specjax as sj
-    from specjax.convert import resolve
     from specjax import methods
     from specjax.decoding import check_positions
-    from specjax.sampling import SamplingParams
 
-    if args.drafter is not None and args.drafter not in _generate_methods():
-        raise UsageError(f"unknown --drafter {args.drafter!r}; choose from: {', '.join(_generate_methods())}")
-    for flag, text in (("--prompt", args.prompt), ("--system", args.system or "")):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as surrogate escapes
-            raise UsageError(f"{flag} is not valid UTF-8 (byte 0x{ord(e.object[e.start]) & 0xFF:02x} "
-                             f"at character {e.start})") from None
-    try:
-        SamplingParams(args.temperature, args.top_k, args.top_p)
-        if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-        folder = resolve(args.model)
-    except (ValueError, OSError) as e:
-        raise UsageError(str(e)) from None
+    folder = _resolve(args.model, "--model")
     tokenizer = _load_tokenizer(folder)
     constraint = _constraint(args, tokenizer)
     chat = tokenizer.chat_template is not None if args.chat is None else args.chat
@@ -142,10 +196,15 @@ def cmd_generate(args) -> None:
         raise UsageError(f"--chat: the model {args.model} has no chat template")
     if args.system is not None and not chat:
         raise UsageError("--system needs --chat (a model with a chat template)")
-    try:
-        model = sj.load(folder)
-    except (ValueError, OSError, KeyError) as e:
-        raise UsageError(f"cannot load --model {args.model}: {e}") from None
+    model = _load(folder, "--model")
+    name = args.drafter or default_drafter(model, args.temperature)
+    draft = None
+    if "draft model" in methods.METHODS[name].needs:
+        draft = _load(_resolve(args.draft or DEFAULT_DRAFT, "--draft"), "--draft")
+    elif args.draft is not None:
+        raise UsageError(f"--draft is for the drafters that need a draft model "
+                         f"({', '.join(n for n, m in _generate_methods().items() if 'draft model' in m.needs)}), "
+                         f"not {name}")
     messages = [{"role": "system", "content": args.system}] if args.system is not None else []
     try:
         ids = (tokenizer.chat(messages + [{"role": "user", "content": args.prompt}]) if chat
@@ -154,21 +213,19 @@ def cmd_generate(args) -> None:
         raise UsageError(f"cannot apply the chat template: {e}") from None
     if not ids:
         raise UsageError("--prompt is empty after tokenization")
-    name = args.drafter or default_drafter(model, args.temperature)
     eos = sorted({*tokenizer.eos_token_ids, *([model.config.eos_token_id] if model.config.eos_token_id is not None else [])})
     try:
         check_positions(model.config, len(ids), args.max_new_tokens)  # before the echo
-        drafter = methods.make(name, model)  # None: plain AR, which a constraint leaves as it is
+        drafter = methods.make(name, model, draft)  # None: plain AR, which a constraint leaves as it is
         if constraint is not None and drafter is not None and drafter.supports_forced:
             drafter = sj.drafters.Forced(drafter)
         steps = sj.stream(model, ids, max_new_tokens=args.max_new_tokens, drafter=drafter,
                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           key=jax.random.key(args.seed), eos_token_id=eos or None, constraint=constraint)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # sj.stream checks its inputs when called, before the first token
         raise UsageError(str(e)) from None
     shown = [] if chat else ids  # a chat prints the answer alone; plain text continues the prompt
     print("" if chat else args.prompt, end="", flush=True)
-    new = []
     while True:
         try:
             chunk = next(steps)
@@ -188,6 +245,7 @@ def _constraint(args, tokenizer):
     """The --json-schema / --regex automaton (None without either)."""
     import specjax as sj
 
+    flag = "--json-schema" if args.json_schema is not None else "--regex"
     try:
         if args.json_schema is not None:
             return sj.constraints.json_schema(args.json_schema.read_text(), tokenizer)
@@ -195,20 +253,20 @@ def _constraint(args, tokenizer):
             return sj.constraints.regex(args.regex, tokenizer)
     except ImportError:
         raise UsageError("--json-schema / --regex need outlines-core: pip install 'specjax[constraints]'") from None
-    except (ValueError, OSError) as e:
-        raise UsageError(f"{'--json-schema' if args.json_schema else '--regex'}: {e}") from None
+    except (ValueError, OSError) as e:  # unreadable, not UTF-8, not JSON, not compilable
+        regular = " (a regular expression: no backreferences or lookarounds)" if args.regex is not None else ""
+        raise UsageError(f"{flag}: {e}{regular}") from None
     return None
 
 
 def cmd_convert(args) -> None:
     import specjax as sj
 
-    try:
-        model = sj.load(args.src, dtype=args.dtype)
-    except (ValueError, OSError) as e:
-        raise UsageError(str(e)) from None
+    model = _load(_resolve(args.src, "SRC"), "SRC", args.dtype)
     try:
         sj.save(model, args.out, format=args.format, tokenizer=args.src, overwrite=args.force)
+    except FileExistsError:
+        raise UsageError(f"{args.out} exists; pass --force to replace the model there") from None
     except OSError as e:
         raise UsageError(str(e)) from None
     copied = (Path(args.out) / "tokenizer.json").is_file()
@@ -220,9 +278,12 @@ def cmd_convert(args) -> None:
 def cmd_bench(args) -> None:
     import shlex
 
-    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, run, skipped
+    from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, measure, prepare, skipped
     from specjax.bench.report import caveat, markdown, write
 
+    if args.methods == []:  # `--methods` alone: the list
+        print("\n".join(f"{u}{_needs(m)}: {m.description}" for u, m in _bench_methods().items()))
+        return
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
                       batches=tuple(args.batch), num_prompts=args.num_prompts,
                       max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=args.prompts,
@@ -230,9 +291,10 @@ def cmd_bench(args) -> None:
     if args.quick:
         cfg = dataclasses.replace(cfg, num_prompts=2, max_new_tokens=16, repeats=1)
     try:
-        rows = run(cfg)
+        prepared = prepare(cfg)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
+    rows = measure(prepared)
     command = "python -m specjax " + shlex.join(args.argv)
     write(rows, cfg, Path(args.out), command, skipped(cfg))
     print(markdown(rows, skipped(cfg)))
@@ -243,14 +305,13 @@ def cmd_bench(args) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
-    args.argv = argv
-    try:
-        {"generate": cmd_generate, "convert": cmd_convert, "bench": cmd_bench}[args.command](args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    def command():
+        args = _parser().parse_args(argv)
+        args.argv = argv
+        return {"generate": cmd_generate, "convert": cmd_convert, "bench": cmd_bench}[args.command](args)
+
+    return cli.run(command)
 
 
 if __name__ == "__main__":

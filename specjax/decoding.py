@@ -149,6 +149,8 @@ def plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter: Dr
     constraint.check(config.vocab_size)
     eos = tuple(dict.fromkeys(_eos_ids(request.eos_token_id) + constraint.eos_token_ids))
     asked = DecodeSettings(request.max_new_tokens, params, eos)
+    if any(not 0 <= e < config.vocab_size for e in eos):
+        raise ValueError(f"eos_token_id must be in the vocabulary [0, {config.vocab_size}), got {list(eos)}")
     drafter = NoDrafter() if drafter is None else drafter
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a specjax drafter (sj.drafters.*), got {type(drafter).__name__}")
@@ -265,11 +267,15 @@ def stream(model: Model, prompt: Sequence[int], *, max_new_tokens: int = 64, dra
     """Yield the new token ids of one prompt as each jitted step produces them (a host loop over
     the same step `generate` compiles into its while_loop, for CLIs; shapes bucketed as there).
     The generator's return value (StopIteration.value) is the `Stats`, with the same timing as
-    `generate`'s: decoding alone, and `compile_s` apart. `constraint` as in generate."""
+    `generate`'s: decoding alone, and `compile_s` apart. `constraint` as in generate.
+    The inputs are checked by this call, not at the first token."""
     request = Request(max_new_tokens, verifier, temperature, top_k, top_p, eos_token_id, constraint)
     prepared = prepare(model, [list(prompt)], drafter, request)
+    return _stream_steps(model, prepared, jax.random.key(0) if key is None else key)
+
+
+def _stream_steps(model: Model, prepared: Prepared, key: jax.Array) -> Iterator[list[int]]:
     p, rows, clock = prepared.plan, prepared.rows, Clock()
-    key = jax.random.key(0) if key is None else key
     with sharding.use_mesh(prepared.mesh):  # a sharded model: traced for its mesh
         state = _prefill_jit(model, prepared.drafter, rows.prompts, rows.lengths, key, constraint=p.constraint,
                              budget=rows.budget, settings=p.settings, cache_len=p.cache_len)

@@ -15,12 +15,13 @@ docs/guide/write-a-drafter.md).
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable
 
 from specjax import adaptive
 from specjax.convert import heads as ckpt
 from specjax.convert import load
-from specjax.drafters import (ADED, DEL, PPD, RASD, SAM, Clover, DraftModel, Eagle, Forced, HiddenTransfer,
+from specjax.drafters import (ADED, DEL, PPD, RASD, SAM, Clover, DraftModel, Drafter, Eagle, Forced, HiddenTransfer,
                               Lookahead, Medusa, PromptLookup, SpeculativeJacobi, Swift, TokenRecycling)
 from specjax.drafters.dynamic_exit import spread_exits
 from specjax.models import Model
@@ -76,11 +77,25 @@ def _shipped(cls, kind: str, **tiny_settings) -> Callable[[Model, Model | None],
     """The `kind` head shipped for the target: tiny's (with `tiny_settings`: 8-node trees for the
     CPU) or SmolLM2's (the tree settings stored with it, chosen against AR on held-out prompts)."""
     def make(target: Model, draft) -> Any:
-        name = ckpt.shipped_target(target.config, kind)
-        drafter = cls.load(name, **(tiny_settings if name == "tiny" else {}))
-        drafter.check(target)
-        return drafter
+        try:
+            name = ckpt.shipped_target(target.config, kind)
+        except ValueError:
+            raise ValueError(f"{kind} has no head for this target; {_shipped_for(target)}") from None
+        return cls.load(name, **(tiny_settings if name == "tiny" else {}))
     return make
+
+
+def _shipped_for(target: Model) -> str:
+    """Which heads are shipped for a target of this shape, said for an error message."""
+    want = ckpt.target_signature(target.config)
+    fits = {}
+    for meta_file in sorted(ckpt.ASSETS.glob(f"*/{ckpt.HEAD_JSON}")):
+        meta = json.loads(meta_file.read_text())
+        if meta.get("target") == want:
+            fits.setdefault(meta_file.parent.name.removesuffix(f"-{meta['kind']}"), []).append(meta["kind"])
+    if not fits:
+        return "no head is shipped for it (train one: docs/guide/training.md)"
+    return "; ".join(f"heads shipped for {name}: {', '.join(kinds)}" for name, kinds in fits.items())
 
 
 def _adaptive(base: str, ks: tuple[int, ...]) -> Callable[[Model, Model | None], adaptive.Adaptive]:
@@ -141,9 +156,9 @@ METHODS: dict[str, Method] = _registry(
            "an EAGLE head (EAGLE-3 on SmolLM2) grows EAGLE-2's dynamic tree from the target's features", HEAD),
     Method("clover", _shipped(Clover, "clover", tree_size=8),
            "a Clover head (an RNN over the drafted path) drafts a sparse tree", HEAD),
-    Method("ppd", lambda target, draft: PPD.load("tiny", tree_size=8, guess_budget=8),
+    Method("ppd", _shipped(PPD, "ppd", tree_size=8, guess_budget=8),
            "Parallel Prompt Decoding: trained prompt tokens guess ahead inside the verify pass", HEAD),
-    Method("hidden-transfer", lambda target, draft: HiddenTransfer.load("tiny", tree_size=8, guess_budget=8),
+    Method("hidden-transfer", _shipped(HiddenTransfer, "hidden-transfer", tree_size=8, guess_budget=8),
            "Hidden Transfer: pseudo hidden states guess ahead inside the verify pass", HEAD),
     Method("swift", _settings(Swift, depth=6),
            "SWIFT: the target with layers skipped (a set searched while decoding) drafts a chain",
@@ -191,13 +206,27 @@ def find(name: str) -> tuple[Method, str | None]:
 
 def make(name: str, target: Model, draft: Model | str | None = None) -> Any:
     """What the method written `name` decodes `target` with (a Drafter, None for AR, or an
-    `adaptive.Adaptive`; see `Method.make`). `draft`: the draft model (or its path) of methods
-    that need one; default the shipped one."""
+    `adaptive.Adaptive`; see `Method.make`), checked against `target` before anything runs: a
+    ValueError says what fits. `draft`: the draft model (or its path) of methods that need one;
+    default the shipped one."""
     m, arg = find(name)
     if m.runner == "peer":
         raise ValueError(f"{name} is transformers' own decoding, run by the benchmark only")
-    draft = None if "draft model" not in m.needs else load(draft) if isinstance(draft, str) else draft
-    return m.make(target, draft) if arg is None else m.make(target, draft, arg)
+    if "draft model" in m.needs:
+        draft = load("tiny-draft" if draft is None else draft) if not isinstance(draft, Model) else draft
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"{name} needs a draft model with the target's vocabulary of "
+                             f"{target.config.vocab_size} tokens (the draft model has "
+                             f"{draft.config.vocab_size}): pass one (--draft PATH)")
+    else:
+        draft = None
+    made = m.make(target, draft) if arg is None else m.make(target, draft, arg)
+    if isinstance(made, Drafter):
+        try:
+            made.check(target)
+        except ValueError as e:
+            raise ValueError(f"{name} does not fit this target: {e}") from None
+    return made
 
 
 def methods_table() -> str:

@@ -18,6 +18,7 @@ from specjax.__main__ import main
 from specjax.bench.harness import BenchConfig, _tokenized_prompts, run, skipped
 from specjax.bench.report import caveat, write
 from specjax.convert import ASSETS, resolve
+from specjax.data.prompts import prompt_set
 from specjax.tokenizer import load_tokenizer
 
 pytest.importorskip("transformers")
@@ -82,6 +83,34 @@ def test_unknown_method_is_a_usage_error(tmp_path, capsys):
     assert "unknown methods" in capsys.readouterr().err
 
 
+def test_bad_flags_and_files_are_one_line_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n{bad\n')
+    (tmp_path / "binary.jsonl").write_bytes(bytes(range(256)))
+    for args, message in [
+        (["--repeats", "0"], "argument --repeats: must be an integer >= 1, got 0"),
+        (["--num-prompts", "0"], "argument --num-prompts: must be an integer >= 1, got 0"),
+        (["--num-prompts", "-1"], "argument --num-prompts: must be an integer >= 1, got -1"),
+        (["--batch", "0"], "argument --batch: must be an integer >= 1, got 0"),
+        (["--prompts", str(tmp_path / "bad.jsonl")], f"{tmp_path / 'bad.jsonl'}:2: not JSON"),
+        (["--prompts", str(tmp_path / "binary.jsonl")], f"{tmp_path / 'binary.jsonl'}: not UTF-8 text"),
+        (["--prompts", "nope"], "prompts 'nope': not 'stdlib', 'humaneval', 'chat', nor a JSONL file"),
+    ]:
+        assert main(["bench", "--quick", "--out", str(tmp_path / "out"), *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_methods_alone_lists_the_methods(capsys):
+    from specjax.methods import METHODS
+
+    assert main(["bench", "--methods"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split(" (needs")[0].split(": ")[0] for line in listed] == [
+        u for u, m in METHODS.items() if "constraint" not in m.needs]
+    assert "draft-chain (needs: draft model): a draft model drafts a chain of 3 tokens" in listed
+
+
 def test_small_runs_are_marked_not_representative(tmp_path):
     row = {"method": "ar", "batch": 1, "verifier": "Greedy", "tau": 1.0, "acceptance_per_depth": [],
            "tokens_per_s": 9.0, "speedup": 1.0, "lossy": False}
@@ -132,7 +161,7 @@ def test_chat_rows_in_chat_template(models, tmp_path):
         {"id": "b", "category": "multi_turn", "turns": ["Name a loop.", "Another?"], "replies": ["for"]}])
     tok = load_tokenizer(folder)
     cfg = BenchConfig(model=str(folder), prompts=path, num_prompts=None)
-    assert _tokenized_prompts(cfg, tok) == [
+    assert _tokenized_prompts(prompt_set(cfg.prompts, cfg.num_prompts), tok) == [
         ("qa", tok.encode("<user> What is a list?\n<assistant> ")),
         ("multi_turn", tok.encode("<user> Name a loop.\n<assistant> for\n<user> Another?\n<assistant> "))]
 

@@ -56,11 +56,11 @@ def test_generate_command_matches_the_library():
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "/nonexistent/folder"], "no model at '/nonexistent/folder'"),
-    (["--drafter", "bogus"], "unknown --drafter 'bogus'"),
-    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-    (["--top-p", "2", "--temperature", "1"], r"top_p must be in (0, 1]"),
-    (["--top-k", "0", "--temperature", "1"], "top_k must be an integer >= 1"),
-    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
+    (["--drafter", "bogus"], "argument --drafter: invalid choice: 'bogus' (choose from 'ar', "),
+    (["--temperature", "-1"], "argument --temperature: must be a finite number >= 0, got -1"),
+    (["--top-p", "2", "--temperature", "1"], "argument --top-p: must be a finite number in (0, 1], got 2"),
+    (["--top-k", "0", "--temperature", "1"], "argument --top-k: must be an integer >= 1, got 0"),
+    (["--temperature", "nan"], "argument --temperature: must be a finite number >= 0, got nan"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args, message):
     r = run("generate", "--prompt", "x = 1", *args, timeout=120)
@@ -100,7 +100,9 @@ def test_help_lists_every_drafter_method(capsys, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     drafters = [m for m in METHODS.values()
                 if m.runner == "drafter" and not m.argument and "constraint" not in m.needs]
-    assert all(f"{m.name}: {m.description}" in text for m in drafters), text
+    assert all(f"{m.name}: {m.description}" in text or f"{m.name} (needs: {m.needs[0]}): {m.description}" in text
+               for m in drafters), text
+    assert "draft-chain (needs: draft model): " in text and "medusa (needs: shipped head): " in text
     assert "forced:" not in text  # needs a constraint: the structured bench's, not --drafter's
 
 
@@ -113,7 +115,7 @@ def test_prompt_longer_than_the_context_fails_before_the_echo(capsys):
 def test_non_utf8_prompt_is_one_line(capsys):
     prompt = b"x = '\xff'".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
     _, err = one_line_error(capsys, ["generate", "--prompt", prompt])
-    assert "--prompt is not valid UTF-8 (byte 0xff at character 5)" in err
+    assert "argument --prompt: not valid UTF-8 (byte 0xff at character 5)" in err
 
 
 def test_truncated_weights_are_one_line(tmp_path, capsys):
@@ -142,3 +144,134 @@ def test_chat_flags_need_a_chat_template(capsys):
     assert "--chat: the model tiny has no chat template" in err
     _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--system", "Be brief."])
     assert "--system needs --chat" in err
+
+
+def test_ctrl_c_while_streaming_prints_what_came_and_exits_130():
+    import os
+    import signal
+
+    prompt = "def parse_args(argv):"
+    p = subprocess.Popen([sys.executable, "-m", "specjax", "generate", "--prompt", prompt, "--max-new-tokens",
+                          "1500", "--drafter", "ar"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = b""
+    while len(out) < len(prompt) + 20:  # the echo and a few tokens
+        out += os.read(p.stdout.fileno(), 4096)
+    p.send_signal(signal.SIGINT)
+    rest, err = p.communicate(timeout=120)
+    assert p.returncode == 130
+    assert (out + rest).decode().startswith(prompt) and len(out + rest) > len(prompt) + 20
+    n = int(err.decode().removeprefix("interrupted after ").removesuffix(" tokens\n"))
+    assert n >= 1 and "Traceback" not in err.decode()
+
+
+def test_ctrl_c_while_loading_is_one_line(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sj, "load", interrupted)
+    assert main(["generate", "--prompt", "x"]) == 130
+    assert capsys.readouterr().err == "interrupted after 0 tokens\n"
+
+
+@pytest.fixture(scope="module")
+def other_target(tmp_path_factory):
+    """A random 2-layer target (vocabulary 5000, hidden size 64) with tiny's tokenizer: no
+    shipped draft model or head fits it."""
+    import jax
+
+    folder = tmp_path_factory.mktemp("other") / "m"
+    cfg = sj.ModelConfig(model_type="llama", vocab_size=5000, hidden_size=64, intermediate_size=128, num_layers=2,
+                         num_heads=2, num_kv_heads=1, head_dim=32, max_position_embeddings=256)
+    sj.save(sj.Model.init(cfg, jax.random.key(0)), folder, format="hf", tokenizer=resolve("tiny"))
+    return folder
+
+
+@pytest.mark.parametrize("drafter, message", [
+    ("draft-chain", "draft-chain needs a draft model with the target's vocabulary of 5000 tokens (the draft model "
+                    "has 4096): pass one (--draft PATH)"),
+    ("draft-dyspec", "draft-dyspec needs a draft model with the target's vocabulary of 5000 tokens"),
+    ("ppd", "ppd has no head for this target; no head is shipped for it"),
+    ("hidden-transfer", "hidden-transfer has no head for this target;"),
+    ("eagle", "eagle has no head for this target;"),
+    ("swift", "swift does not fit this target: "),
+])
+def test_drafters_that_do_not_fit_are_refused_before_they_run(other_target, capsys, drafter, message):
+    out, err = one_line_error(capsys, ["generate", "--prompt", "x = ", "--model", str(other_target),
+                                       "--drafter", drafter])
+    assert out == "" and message in err
+
+
+def test_heads_shipped_for_another_target_are_named():
+    import types
+
+    from specjax import methods
+    from specjax.convert import heads
+
+    signature = json.loads((heads.ASSETS / "smollm2-eagle" / "head.json").read_text())["target"]
+    smollm2 = types.SimpleNamespace(config=sj.ModelConfig(**signature, head_dim=64, max_position_embeddings=8192))
+    with pytest.raises(ValueError, match="^ppd has no head for this target; heads shipped for smollm2: "
+                                         "clover, eagle, medusa$"):
+        methods.make("ppd", smollm2)
+
+
+def test_draft_flag_gives_the_draft_model(other_target, capsys):
+    assert main(["generate", "--prompt", "x = ", "--model", str(other_target), "--drafter", "draft-chain",
+                 "--draft", str(other_target), "--max-new-tokens", "3"]) == 0
+    assert "method draft-chain" in capsys.readouterr().err
+    _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--drafter", "sam", "--draft", "tiny-draft"])
+    assert "--draft is for the drafters that need a draft model (draft-chain, " in err and err.endswith("not sam\n")
+
+
+def test_constraints_with_plain_decoding(capsys):
+    """AR, the default when sampling on tiny, carries a regex as it is."""
+    pytest.importorskip("outlines_core")
+    assert main(["generate", "--prompt", "x = ", "--regex", "[0-9]+", "--temperature", "0.7",
+                 "--max-new-tokens", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert out.removeprefix("x = ").strip().isdigit() and "method ar (default" in err
+    _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--regex", r"(a)\1"])
+    assert "(a regular expression: no backreferences or lookarounds)" in err
+
+
+def test_eos_outside_the_vocabulary_is_refused(tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(resolve("tiny"), tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "eos_token_id": 99999}))
+    _, err = one_line_error(capsys, ["generate", "--prompt", "x", "--model", str(tmp_path / "m")])
+    assert "eos_token_id must be in the vocabulary [0, 4096), got [0, 99999]" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", ""], "argument --prompt: empty; give it some text"),
+    (["--prompt", "x", "--seed", str(2**70)], "argument --seed: must be an integer in [0, 9223372036854775807]"),
+    (["--prompt", "x", "--seed", "-1"], "argument --seed: must be an integer in [0, "),
+    (["--prompt", "x", "--max-new-tokens", "1e3"], "argument --max-new-tokens: expected an integer >= 1, got '1e3'"),
+    (["--prompt", "x", "--top-p", "0"], "argument --top-p: must be a finite number in (0, 1], got 0"),
+    (["--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    ([], "the following arguments are required: --prompt"),
+])
+def test_flags_are_checked_at_parse_time(capsys, args, message):
+    _, err = one_line_error(capsys, ["generate", *args])
+    assert message in err and err.rstrip().endswith("--help)"), err
+
+
+def test_help_shows_every_option_with_its_help_and_default(capsys, monkeypatch):
+    from specjax.__main__ import _parser
+
+    monkeypatch.setenv("COLUMNS", "10000")
+    parser = _parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, sub in commands.items():
+        for action in sub._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert all(f"(default: {a.default})" in text for a in sub._actions
+                   if a.option_strings and a.default not in (None, False, "==SUPPRESS==")), text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert all(f"  {name} " in text for name in commands), text

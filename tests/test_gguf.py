@@ -201,6 +201,36 @@ def test_cached_load_is_the_same_model(tmp_path, monkeypatch):
     assert not list(gguf_cache.cache_root().glob("gguf/*/.*"))  # no temporary folders left behind
 
 
+def test_a_writer_killed_mid_write_leaves_nothing_the_next_write_keeps(tmp_path):
+    """kill -9 during a cache write leaves its locked temporary folder; the next write removes
+    it (its lock died with the writer), and leaves a live writer's folder alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from specjax.convert.gguf_cache import _write_atomically
+
+    folder = tmp_path / "gguf" / "m-0123" / "float32"
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from specjax.convert.gguf_cache import _write_atomically\n"
+        "def write(tmp):\n    (tmp / 'model.safetensors').write_bytes(b'x' * 1000); print('writing', flush=True); "
+        "time.sleep(600)\n"
+        f"_write_atomically(Path({str(folder)!r}), write)")], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "writing\n"
+    live = list(folder.parent.glob(".float32-*"))
+    assert len(live) == 1
+    os.utime(live[0], (time.time() - 60, time.time() - 60))  # older than the grace period
+    _write_atomically(folder.with_name("bfloat16"), lambda tmp: None)  # a live writer's: kept
+    assert live[0].is_dir()
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    _write_atomically(folder, lambda tmp: (tmp / "done").write_text("ok"))
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["bfloat16", "float32"]
+    assert (folder / "done").read_text() == "ok"
+
+
 @pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2"])
 def test_tiny_tokenizer_and_chat_template_match_transformers(pre, tmp_path):
     path = write_gguf(hf_model("llama-mha-untied"), tmp_path / "m.gguf", pre=pre)

@@ -68,6 +68,5 @@ def test_meshes_need_data_and_model_axes():
 
 
 def test_cli_mesh_flag_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        cli(["--config", str(tmp_path / "c.toml"), "--mesh", "two,four"])
-    assert "--mesh expects D,M" in capsys.readouterr().err
+    assert cli(["--config", str(tmp_path / "c.toml"), "--mesh", "two,four"]) == 2
+    assert "argument --mesh: expected D,M (two integers), got 'two,four'" in capsys.readouterr().err

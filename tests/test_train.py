@@ -138,7 +138,10 @@ def test_steps_below_one_are_one_line_and_exit_2(corpus, tmp_path, capsys):
     for steps in ("0", "-3"):
         assert cli(["--config", str(tmp_path / "c.toml"), "--steps", steps]) == 2
         err = capsys.readouterr().err
-        assert err == f"error: train.steps (--steps) must be an integer >= 1, got {steps}\n"
+        assert err.startswith(f"error: argument --steps: must be an integer >= 1, got {steps} (")
+        assert err.count("\n") == 1
+    assert cli(["--config", str(tmp_path / "c.toml"), "--set", "train.steps=0"]) == 2
+    assert capsys.readouterr().err == "error: [train] steps must be an integer >= 1, got 0\n"
     assert not (tmp_path / "run").exists()
 
 
@@ -193,3 +196,84 @@ def test_shipped_tiny_models_match_their_configs_and_size_budget():
         model = load_config(Path(__file__).resolve().parents[1] / "configs" / f"{name}.toml").model
         assert (hf.hidden_size, hf.num_hidden_layers, hf.vocab_size) == (
             model.hidden_size, model.num_layers, model.vocab_size)
+
+
+def _write_config(tmp_path, raw) -> str:
+    import tomli_w
+
+    (tmp_path / "c.toml").write_bytes(tomli_w.dumps(raw).encode())
+    return str(tmp_path / "c.toml")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "optim.lr=fast"], "error: [optim] lr must be a number, got 'fast'"),
+    (["--set", "optim.lr=-1"], "error: [optim] lr must be a number > 0, got -1"),
+    (["--set", "train.batch_size=2.5"], "error: [train] batch_size must be an integer, got 2.5"),
+    (["--set", "data.held_out=m3.py"], "error: [data] held_out must be a list of strings, got 'm3.py'"),
+    (["--set", "model.eos_token_id=300"], "error: [model] eos_token_id must be a token id in [0, vocab_size = 300)"),
+    (["--set", "optimizer.lr=1"], "error: bad override 'optimizer.lr'"),
+    (["--set", "lr"], "error: --set expects SECTION.KEY=VALUE, got 'lr'"),
+    (["--mesh", "3,1"], "error: train.mesh (--mesh): mesh [3, 1] needs 3 devices; there are 1"),
+    (["--mesh", "x"], "error: argument --mesh: expected D,M (two integers), got 'x'"),
+    (["--mesh", "0,1"], "error: argument --mesh: D must be >= 1 or -1 and M >= 1, got '0,1'"),
+])
+def test_bad_values_are_one_line_before_training(corpus, tmp_path, capsys, args, message):
+    config = _write_config(tmp_path, raw_config(corpus, tmp_path / "run", steps=2))
+    assert cli(["--config", config, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_wrong_types_in_the_config_file_are_one_line(corpus, tmp_path, capsys):
+    raw = raw_config(corpus, tmp_path / "run", steps=2)
+    raw["optim"]["lr"] = "fast"
+    assert cli(["--config", _write_config(tmp_path, raw)]) == 2
+    assert capsys.readouterr().err == "error: [optim] lr must be a number, got 'fast'\n"
+
+
+def test_other_commands_refuse_bad_input_in_one_line(corpus, tmp_path, capsys):
+    config = _write_config(tmp_path, raw_config(corpus, tmp_path / "run", steps=2))
+    for argv, message in [
+        (["export", "--config", config, str(tmp_path / "hf")], "error: no checkpoint to export in "),
+        (["evaluate", "--config", str(tmp_path / "none.toml")], "error: config file not found: "),
+        (["tokenizer", "--out", str(tmp_path / "t"), "--vocab-size", "10"], "error: argument --vocab-size: must be"),
+        (["tokenizer", "--out", str(tmp_path / "t"), "--corpus", str(tmp_path / "none")], "error: corpus folder not found"),
+        (["distill", "--model", "tiny", "--out", str(tmp_path / "d"), "--temperatures", "0,-1"],
+         "error: argument --temperatures: must be a finite number >= 0, got -1"),
+        (["features", "--model", "tiny", "--out", str(tmp_path / "d")], "error: " + str(tmp_path / "d" / "answers")),
+        (["bogus"], "error: argument COMMAND: invalid choice: 'bogus'"),
+    ]:
+        assert cli(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_ctrl_c_checkpoints_and_exits_130(corpus, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    config = _write_config(tmp_path, raw_config(corpus, out, steps=100000))
+    p = subprocess.Popen([sys.executable, "-m", "specjax.train", "--config", config, "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 3):
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 130 and "Traceback" not in stderr, stderr
+    step = int(stdout.split("stopped by signal 2 at step ")[1].split(";")[0])
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [str(step)]
+
+
+def test_training_without_matplotlib_skips_the_curve(corpus, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    config = _write_config(tmp_path, raw_config(corpus, tmp_path / "run", steps=2))
+    assert cli(["--config", config, "--no-progress"]) == 0
+    assert "no curve.png: matplotlib is not installed (pip install 'specjax[train]')\n" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "curve.png").exists() and (tmp_path / "run" / "checkpoints" / "2").is_dir()

@@ -18,6 +18,7 @@ import statistics
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -58,12 +59,11 @@ class BenchConfig:
     seed: int = 0
 
 
-def _tokenized_prompts(cfg: BenchConfig, tokenizer) -> list[tuple[str, list[int]]]:
-    """(category, token ids) per prompt: a row with turns in the chat template when the
+def _tokenized_prompts(rows: list[dict], tokenizer) -> list[tuple[str, list[int]]]:
+    """(category, token ids) per prompt row: a row with turns in the chat template when the
     tokenizer has one, the raw text otherwise."""
     from specjax.data.chat import prompt_ids
-    from specjax.data.prompts import prompt_set
-    return [(r["category"], prompt_ids(tokenizer, r)) for r in prompt_set(cfg.prompts, cfg.num_prompts)]
+    return [(r["category"], prompt_ids(tokenizer, r)) for r in rows]
 
 
 def _groups(prompts: list[tuple[str, list[int]]], batch: int) -> list[tuple[str, list[list[int]]]]:
@@ -149,14 +149,26 @@ class _Method:
         return [(o.tokens, o.stats) for o in outs]
 
 
-def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
-    """Measure every method at every batch size; one row per (method, batch). Peer methods
-    that transformers runs at batch 1 only get no row at larger batches (see `skipped`)."""
+class Prepared(NamedTuple):
+    """A bench's inputs, read and checked: (category, token ids) per prompt and each method's
+    decoder, AR first."""
+
+    cfg: BenchConfig
+    prompts: list[tuple[str, list[int]]]
+    runners: dict[str, _Method]
+
+
+def prepare(cfg: BenchConfig) -> Prepared:
+    """Read and check everything `run` needs before it measures anything: the method names,
+    the prompt set, the models, and each method against the target. Bad input raises
+    ValueError or OSError (FileNotFoundError for a missing file)."""
     from specjax.convert import resolve
+    from specjax.data.prompts import prompt_set
     from specjax.tokenizer import load_tokenizer
     _check_methods(cfg.methods)
+    rows = prompt_set(cfg.prompts, cfg.num_prompts)
     model = sj.load(cfg.model)
-    prompts = _tokenized_prompts(cfg, load_tokenizer(cfg.model))
+    prompts = _tokenized_prompts(rows, load_tokenizer(cfg.model))
     names = ["ar", *dict.fromkeys(m for m in cfg.methods if m != "ar")]
     uses_draft = any("draft model" in methods.find(m)[0].needs for m in names)
     draft_folder = resolve(cfg.draft) if uses_draft else None
@@ -165,7 +177,19 @@ def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     if any(methods.find(m)[0].runner == "peer" for m in names):
         from specjax.bench.peers import Peers
         peers = Peers(resolve(cfg.model), draft_folder)
-    runners = {m: _Method(m, cfg, model, draft, peers) for m in names}
+    return Prepared(cfg, prompts, {m: _Method(m, cfg, model, draft, peers) for m in names})
+
+
+def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
+    """Measure every method at every batch size; one row per (method, batch). Peer methods
+    that transformers runs at batch 1 only get no row at larger batches (see `skipped`)."""
+    return measure(prepare(cfg), progress)
+
+
+def measure(prepared: Prepared, progress: bool = True) -> list[dict]:
+    """`run` on inputs `prepare` has read and checked."""
+    cfg, prompts, runners = prepared
+    names = list(runners)
     rows = []
     rng = random.Random(cfg.seed)
     for batch in cfg.batches:

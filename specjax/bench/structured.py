@@ -15,9 +15,9 @@ geometric mean over the schemas.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import cli
 from specjax import methods as registry
 
 # row name -> (registered method, constrained)
@@ -33,10 +34,22 @@ METHODS = {**{f"constrained-{u}": (u, True) for u, m in registry.METHODS.items()
 
 
 def schemas(path: str | None = None) -> list[dict]:
-    """The schema set: {name, kind, schema, prompt} per line."""
+    """The schema set: {name, kind, schema, prompt} per line (a ValueError names a bad line)."""
     text = Path(path).read_text() if path else \
         resources.files("specjax.bench").joinpath("data/schemas.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = []
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict) or not {"name", "kind", "schema", "prompt"} <= set(row):
+                raise ValueError(f"{path}:{line_no}: a row is a JSON object with name, kind, schema and prompt")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no schemas")
+    return rows
 
 
 def compliance(text: str, schema: dict) -> str:
@@ -50,13 +63,24 @@ def compliance(text: str, schema: dict) -> str:
     return "valid"
 
 
-def run(model_name: str, methods: list[str], max_new_tokens: int, repeats: int, limit: int | None,
-        path: str | None = None) -> list[dict]:
-    model, tokenizer = sj.load(model_name), sj.load_tokenizer(model_name)
+def constraints(model, tokenizer, items: list[dict]) -> list:
+    """Each schema's constraint (a ValueError names a schema the compiler cannot enforce)."""
+    out = []
+    for item in items:
+        try:
+            out.append(sj.constraints.json_schema(item["schema"], tokenizer, vocab_size=model.config.vocab_size))
+        except ValueError as e:
+            raise ValueError(f"schema {item['name']!r}: {e}") from None
+    return out
+
+
+def run(model, tokenizer, items: list[dict], compiled: list, methods: list[str], max_new_tokens: int,
+        repeats: int) -> list[dict]:
+    """Decode every schema of `items` (`compiled`: their `constraints`) with every method (see
+    the module's docstring)."""
     eos = list(tokenizer.eos_token_ids)
     rows, rng = [], np.random.default_rng(0)
-    for item in schemas(path)[:limit]:
-        constraint = sj.constraints.json_schema(item["schema"], tokenizer, vocab_size=model.config.vocab_size)
+    for item, constraint in zip(items, compiled):
         message = f"{item['prompt']}\nThe JSON schema:\n{json.dumps(item['schema'])}"
         ids = tokenizer.chat([{"role": "user", "content": message}]) if tokenizer.chat_template \
             else tokenizer.encode(message)
@@ -111,26 +135,39 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m specjax.bench.structured", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--limit", type=int, default=None, help="the first N schemas only")
-    ap.add_argument("--schemas", default=None, help="a JSONL file of {name, kind, schema, prompt}")
-    ap.add_argument("--out", default="benchmarks/structured")
-    args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    rows = run(args.model, args.methods, args.max_new_tokens, args.repeats, args.limit, args.schemas)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
-    table = summary(rows)
-    (out / "results.md").write_text(table + "\n")
-    print(table)
+def main(argv=None) -> int:
+    ap = cli.ArgumentParser(prog="python -m specjax.bench.structured", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2", help="model name, HF folder or .gguf file")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="NAME",
+                    help=f"the rows to run: {', '.join(METHODS)}")
+    ap.add_argument("--max-new-tokens", type=cli.integer(1), default=256, help="new tokens per output at most")
+    ap.add_argument("--repeats", type=cli.integer(1), default=3, help="timed rounds (>= 1); the best counts")
+    ap.add_argument("--limit", type=cli.integer(1), default=None, help="the first N schemas only")
+    ap.add_argument("--schemas", default=None, help="a JSONL file of {name, kind, schema, prompt} "
+                                                      "(default: the shipped set)")
+    ap.add_argument("--out", default="benchmarks/structured", help="folder for results.json, results.md")
+
+    def command():
+        args = ap.parse_args(argv)
+        try:
+            model, tokenizer = sj.load(args.model), sj.load_tokenizer(args.model)
+            items = schemas(args.schemas)[:args.limit]
+            compiled = constraints(model, tokenizer, items)  # every schema, before anything is timed
+        except ImportError:
+            raise cli.UsageError("the structured bench needs outlines-core and jsonschema: "
+                                 "pip install 'specjax[constraints]'") from None
+        except (ValueError, OSError, KeyError) as e:
+            raise cli.UsageError(str(e)) from None
+        rows = run(model, tokenizer, items, compiled, args.methods, args.max_new_tokens, args.repeats)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(rows, indent=1))
+        table = summary(rows)
+        (out / "results.md").write_text(table + "\n")
+        print(table)
+
+    return cli.run(command)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

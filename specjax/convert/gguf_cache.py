@@ -2,16 +2,19 @@
 
 Per GGUF (keyed by its path, size and mtime): a specjax checkpoint per dtype and an HF tokenizer
 folder, under `$SPECJAX_CACHE`, else `$XDG_CACHE_HOME/specjax`, else `~/.cache/specjax`. Each is
-written to a temporary folder and renamed into place, so a crash leaves nothing half-written.
+written to a temporary folder and renamed into place, so a crash leaves nothing half-written, and
+the temporary folder of a writer killed on the way is removed by the next write.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -66,20 +69,44 @@ def gguf_tokenizer_folder(gguf_path: Path) -> Path:
 
 
 def _write_atomically(folder: Path, write) -> bool:
-    """write(tmp) into a fresh temporary sibling of `folder`, then rename it to `folder`. False
-    (with a warning) when the cache cannot be written; a concurrent writer's copy wins."""
+    """write(tmp) into a fresh temporary sibling of `folder`, locked while it is written, then
+    rename it to `folder`. False (with a warning) when the cache cannot be written; a concurrent
+    writer's copy wins. Temporary siblings left by a killed writer (unlocked) are removed first."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(folder)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+        lock = os.open(tmp, os.O_RDONLY)
     except OSError as e:
         warnings.warn(f"specjax cache not written ({e}); set SPECJAX_CACHE to a writable folder")
         return False
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when this process ends, however it ends
         write(tmp)
         tmp.rename(folder)
     except OSError:
         if not folder.exists():
             raise
     finally:
+        os.close(lock)
         shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def _remove_abandoned(folder: Path, grace_s: float = 2.0) -> None:
+    """Remove the temporary siblings of `folder` whose writer is gone: no process holds their
+    lock (a writer that was just starting, younger than `grace_s`, is left alone)."""
+    for tmp in folder.parent.glob(f".{folder.name}-*"):
+        try:
+            if time.time() - tmp.stat().st_mtime < grace_s:
+                continue
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:  # gone meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live writer holds it
+            continue
+        finally:
+            os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -74,12 +74,20 @@ def load_prompts(path: str | Path) -> list[dict]:
     """Rows from a JSONL file with a `prompt` (raw text) or Spec-Bench's `turns` (user
     messages; optional `replies` between them), an optional `id` and `category`."""
     rows = []
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(_lines(f, path), 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{line_no}: a row is a JSON object, got {type(row).__name__}")
             turns, replies = row.get("turns") or [], row.get("replies") or []
+            if not all(isinstance(x, list) and all(isinstance(t, str) for t in x) for x in (turns, replies)) \
+                    or not isinstance(row.get("prompt") or "", str):
+                raise ValueError(f"{path}:{line_no}: 'turns' and 'replies' are lists of strings, 'prompt' a string")
             if not turns and not row.get("prompt"):
                 raise ValueError(f"{path}:{line_no}: no 'prompt' or 'turns' field")
             if turns and len(replies) != len(turns) - 1:
@@ -91,6 +99,13 @@ def load_prompts(path: str | Path) -> list[dict]:
     if not rows:
         raise ValueError(f"{path}: no prompts")
     return rows
+
+
+def _lines(f, path):
+    try:
+        yield from f
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
 
 
 def prompt_set(name: str, n: int | None = None) -> list[dict]:

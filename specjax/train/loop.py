@@ -146,7 +146,8 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
           stop_after: int | None = None) -> dict:
     """Train per `config`, resuming from `config.train.out` when it holds a checkpoint
     (`resume=True` makes a missing checkpoint an error). `stop_after` leaves after that many
-    steps of this call, checkpointed as on SIGTERM. Returns the last train and val metrics."""
+    steps of this call, checkpointed as on SIGTERM. Returns the last train and val metrics, and
+    the signal that stopped the run (None when it ran its steps)."""
     tc = config.train
     out = Path(tc.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,4 +228,4 @@ def train(config: Config, *, resume: bool = False, progress: bool = True,
         print(f"stopped by signal {stop.signum} at step {step}; checkpoint saved in {out}")
     if step == tc.steps and primary:
         plot_curves(out / "metrics.jsonl", out / "curve.png", title=f"{out.name} ({n_params / 1e6:.2f}M params)")
-    return {"step": step, "train": last_train, "val": last_val, "params": params}
+    return {"step": step, "train": last_train, "val": last_val, "params": params, "signal": stop.signum}

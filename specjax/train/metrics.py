@@ -1,5 +1,5 @@
 """Metrics: one JSON object per line (train loss per log step, val loss/ppl per eval step)
-and a PNG of the curves."""
+and a PNG of the curves (when matplotlib is installed)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,13 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def plot_curves(jsonl: str | Path, png: str | Path, title: str = "", smooth: int = 10) -> None:
-    """Train loss (raw and a running mean of `smooth` log points) and val loss against step."""
-    import matplotlib
+    """Train loss (raw and a running mean of `smooth` log points) and val loss against step.
+    matplotlib is optional (the `train` extra): without it, one line says the PNG is skipped."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no {Path(png).name}: matplotlib is not installed (pip install 'specjax[train]')")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +58,6 @@ class TrainConfig:
     keep_checkpoints: int = 2
     mesh: tuple[int, ...] = ()
 
-    def __post_init__(self):
-        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
-            raise ValueError(f"train.steps (--steps) must be an integer >= 1, got {self.steps!r}")
-
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -71,6 +70,40 @@ class Config:
 
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
              "heads": None}  # [heads]: the settings type of the run's objective
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """The numbers from low to high (None: unbounded), each end closed unless said open."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, x) -> bool:
+        return ((self.low is None or (x > self.low if self.low_open else x >= self.low))
+                and (self.high is None or (x < self.high if self.high_open else x <= self.high)))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+_COUNT, _POSITIVE, _FRACTION = Interval(1), Interval(0, low_open=True), Interval(0, 1, high_open=True)
+# The values a numeric key takes beyond its type (a key not here: any value of its type).
+RANGES = {
+    **{("model", k): _COUNT for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                       "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")},
+    ("data", "seq_len"): _COUNT,
+    ("optim", "lr"): _POSITIVE, ("optim", "warmup_steps"): Interval(0), ("optim", "min_lr_ratio"): Interval(0, 1),
+    ("optim", "weight_decay"): Interval(0), ("optim", "b1"): _FRACTION, ("optim", "b2"): _FRACTION,
+    ("optim", "grad_clip"): _POSITIVE,
+    **{("train", k): _COUNT for k in ("steps", "batch_size", "log_every", "eval_every", "eval_batches",
+                                       "save_every", "keep_checkpoints")},
+    ("train", "seed"): Interval(0, 2**63 - 1),
+}
 
 
 def parse_value(text: str) -> Any:
@@ -123,11 +156,49 @@ def from_dict(raw: dict) -> Config:
                    and spec.default_factory is dataclasses.MISSING]
         if missing:
             raise ValueError(f"missing key(s) in [{name}]: {', '.join(missing)}")
-        for key in ("held_out", "target_layers", "mesh"):
-            if key in values:
-                values[key] = tuple(values[key])
+        hints = typing.get_type_hints(cls)
+        values = {key: _checked(name, key, value, hints[key]) for key, value in values.items()}
         built[name] = cls(**values)
+    model = built["model"]
+    for key in ("bos_token_id", "eos_token_id"):
+        if getattr(model, key) is not None and not 0 <= getattr(model, key) < model.vocab_size:
+            raise ValueError(f"[model] {key} must be a token id in [0, vocab_size = {model.vocab_size}), "
+                             f"got {getattr(model, key)}")
     return Config(**built)
+
+
+def _checked(section: str, key: str, value: Any, hint) -> Any:
+    """`value` of `[section] key` checked against its type `hint` and `RANGES` (a list made a
+    tuple, an integer a float where a float is wanted); a ValueError names the key."""
+    given = value
+
+    def bad(what: str):
+        return ValueError(f"[{section}] {key} must be {what}, got {given!r}")
+
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`: X (TOML has no null)
+        rest = [h for h in typing.get_args(hint) if h is not type(None)]
+        hint = rest[0] if len(rest) == 1 else Any
+    if typing.get_origin(hint) is tuple:  # tuple[X, ...]
+        item = typing.get_args(hint)[0]
+        if item in _NAMES and (not isinstance(value, (list, tuple)) or not all(_is(v, item) for v in value)):
+            raise bad(f"a list of {_NAMES[item]}s")
+        return tuple(float(v) if item is float else v for v in value) if isinstance(value, (list, tuple)) else value
+    if hint in _NAMES:
+        if not _is(value, hint):
+            raise bad(f"{'an' if hint is int else 'a'} {_NAMES[hint]}")
+        value = float(value) if hint is float else value
+        if (section, key) in RANGES and value not in RANGES[section, key]:
+            raise bad(f"{'an' if hint is int else 'a'} {_NAMES[hint]} {RANGES[section, key]}")
+    return value
+
+
+_NAMES = {int: "integer", float: "number", str: "string", bool: "boolean (true or false)"}
+
+
+def _is(value: Any, hint: type) -> bool:
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, hint) and (hint is bool or not isinstance(value, bool))
 
 
 # Keys that name files; relative paths in a config file are relative to the file's folder.

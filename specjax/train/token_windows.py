@@ -40,6 +40,7 @@ def load_streams(cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
     if meta_path.is_file() and json.loads(meta_path.read_text()).get("key") == key:
         return np.load(cache / "train.npy"), np.load(cache / "val.npy")
     cache.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)  # written last: a write killed midway is rebuilt, never read
     train, val = _tokenize(tok, train_files), _tokenize(tok, val_files)
     np.save(cache / "train.npy", train)
     np.save(cache / "val.npy", val)
