@@ -56,7 +56,7 @@ def _key(compiler: str) -> str:
     for path in (*SOURCES, *HEADERS):
         h.update(path.name.encode() + path.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    h.update((version + jaxlib.__version__ + _cpu_flags()).encode())
+    h.update((compiler + version + jaxlib.__version__ + _cpu_flags()).encode())
     return h.hexdigest()[:16]
 
 
