@@ -146,10 +146,10 @@ def test_forced_draft_model_catches_up_past_its_chain(tiny_tokenizer, monkeypatc
     prompts = [tiny_tokenizer.encode("The record:"), tiny_tokenizer.encode("def main():\n    return")]
     seen, propose = [], sj.drafters.DraftModel.propose
 
-    def spy(self, cache, ctx, key):
-        tree, out = propose(self, cache, ctx, key)
+    def spy(self, state, ctx, key):
+        tree, out = propose(self, state, ctx, key)
         jax.debug.callback(lambda lag, valid: seen.append((np.asarray(lag), np.asarray(valid))),
-                           ctx.length - cache.lengths, tree.valid)
+                           ctx.length - state.cache.lengths, tree.valid)
         return tree, out
 
     monkeypatch.setattr(sj.drafters.DraftModel, "propose", spy)
