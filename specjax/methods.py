@@ -79,8 +79,8 @@ def _shipped(cls, kind: str, **tiny_settings) -> Callable[[Model, Model | None],
     def make(target: Model, draft) -> Any:
         try:
             name = ckpt.shipped_target(target.config, kind)
-        except ValueError:
-            raise ValueError(f"{kind} has no head for this target; {_shipped_for(target)}") from None
+        except ValueError as e:
+            raise ValueError(f"{e}; {_shipped_for(target)}") from None
         return cls.load(name, **(tiny_settings if name == "tiny" else {}))
     return make
 
@@ -94,8 +94,8 @@ def _shipped_for(target: Model) -> str:
         if meta.get("target") == want:
             fits.setdefault(meta_file.parent.name.removesuffix(f"-{meta['kind']}"), []).append(meta["kind"])
     if not fits:
-        return "no head is shipped for it (train one: docs/guide/training.md)"
-    return "; ".join(f"heads shipped for {name}: {', '.join(kinds)}" for name, kinds in fits.items())
+        return "train one: docs/guide/training.md"
+    return "; ".join(f"heads shipped for {name}, a target of this shape: {', '.join(kinds)}" for name, kinds in fits.items())
 
 
 def _adaptive(base: str, ks: tuple[int, ...]) -> Callable[[Model, Model | None], adaptive.Adaptive]:

@@ -80,6 +80,7 @@ def sampled_pairs(model, prompt, drafter, params: SamplingParams, cells: list, *
 
 
 def chi_square_pvalue(counts, p):
+    p = np.asarray(p, np.float64) / np.sum(p)  # a law from float32 probabilities sums to 1 +- 1e-7
     keep = p * counts.sum() >= 5  # pool cells with tiny expectations
     obs = np.append(counts[keep], counts[~keep].sum())
     exp = np.append(p[keep], p[~keep].sum()) * counts.sum()

@@ -190,9 +190,9 @@ def other_target(tmp_path_factory):
     ("draft-chain", "draft-chain needs a draft model with the target's vocabulary of 5000 tokens (the draft model "
                     "has 4096): pass one (--draft PATH)"),
     ("draft-dyspec", "draft-dyspec needs a draft model with the target's vocabulary of 5000 tokens"),
-    ("ppd", "ppd has no head for this target; no head is shipped for it"),
-    ("hidden-transfer", "hidden-transfer has no head for this target;"),
-    ("eagle", "eagle has no head for this target;"),
+    ("ppd", "no ppd head is shipped for this target"),
+    ("hidden-transfer", "no hidden-transfer head is shipped for this target"),
+    ("eagle", "no eagle head is shipped for this target"),
     ("swift", "swift does not fit this target: "),
 ])
 def test_drafters_that_do_not_fit_are_refused_before_they_run(other_target, capsys, drafter, message):
@@ -209,8 +209,8 @@ def test_heads_shipped_for_another_target_are_named():
 
     signature = json.loads((heads.ASSETS / "smollm2-eagle" / "head.json").read_text())["target"]
     smollm2 = types.SimpleNamespace(config=sj.ModelConfig(**signature, head_dim=64, max_position_embeddings=8192))
-    with pytest.raises(ValueError, match="^ppd has no head for this target; heads shipped for smollm2: "
-                                         "clover, eagle, medusa$"):
+    with pytest.raises(ValueError, match=r"^no ppd head is shipped for this target \(\{.*\}\); heads shipped "
+                                         "for smollm2, a target of this shape: clover, eagle, medusa$"):
         methods.make("ppd", smollm2)
 
 

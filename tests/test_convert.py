@@ -66,7 +66,7 @@ def test_convert_copies_the_tokenizer_and_never_overwrites_silently(tmp_path, ca
         assert (out / name).read_bytes() == (sj.convert.resolve("tiny-draft") / name).read_bytes()
     assert main(["convert", "tiny-draft", str(out)]) == 2  # exists: one line, nothing touched
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{out} exists; pass overwrite=True (--force)" in err
+    assert err.count("\n") == 1 and f"{out} exists; pass --force to replace" in err
     assert not (out / "specjax_config.json").exists()
     assert main(["convert", str(out), str(out), "--force"]) == 0  # in place, tokenizer kept
     assert (out / "specjax_config.json").is_file() and (out / "tokenizer.json").is_file()

@@ -331,9 +331,10 @@ def test_smollm2_logits_and_greedy_match_transformers(smollm2):
     print(f"SmolLM2 load: first (convert + cache) {times[0]:.1f} s, cached {times[1]:.1f} s")
     assert model.config.tie_word_embeddings and model.config.num_layers == 30
     prompts = [tok.chat(CHATS[0]), tok.chat(CHATS[1])]
-    # 30 float32 layers summed in another order: a few of 2M logits (up to ~30) are 1.03e-4 apart
+    # 30 float32 layers summed in another order (torch's GEMM, XLA's or the CPU kernels'
+    # register blocks): a few of 2M logits (up to ~30) are up to ~1.5e-4 apart
     np.testing.assert_allclose(np.asarray(sj.forward(model, np.array([prompts[0]]))),
-                               hf_logits(reference, [prompts[0]]), atol=1e-4, rtol=1e-5)
+                               hf_logits(reference, [prompts[0]]), atol=3e-4, rtol=1e-5)
     out = sj.generate(model, prompts, max_new_tokens=24)  # ragged: two prompt lengths
     assert out.tokens.tolist() == torch_greedy(reference, prompts, 24)
     assert "def" in tok.decode(out.tokens[0])

@@ -133,8 +133,7 @@ def shipped_target(config, kind: str) -> str:
     for name, folder in shipped_heads(kind).items():
         if json.loads((folder / HEAD_JSON).read_text()).get("target") == want:
             return name
-    raise ValueError(f"no {kind} head is shipped for this target ({want}); train one (recipes/README.md) "
-                     f"and pass its folder")
+    raise ValueError(f"no {kind} head is shipped for this target ({want})")
 
 
 # ---- reading a head ------------------------------------------------------------------------------

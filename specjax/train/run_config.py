@@ -176,6 +176,8 @@ def _checked(section: str, key: str, value: Any, hint) -> Any:
         return ValueError(f"[{section}] {key} must be {what}, got {given!r}")
 
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`: X (TOML has no null)
+        if value is None and type(None) in typing.get_args(hint):  # from Python (a dataclass's dict)
+            return None
         rest = [h for h in typing.get_args(hint) if h is not type(None)]
         hint = rest[0] if len(rest) == 1 else Any
     if typing.get_origin(hint) is tuple:  # tuple[X, ...]

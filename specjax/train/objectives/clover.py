@@ -21,7 +21,7 @@ import numpy as np
 
 from specjax.heads import clover as clover_head
 from specjax.heads import vocab
-from specjax.models import Model, forward, lm_head_weight
+from specjax.models import Model, float_lm_head, forward
 from specjax.models.llama import norm
 from specjax.train import draft_vocab
 from specjax.train.objectives.base import Objective, last_layer
@@ -70,7 +70,7 @@ def clover(s: CloverSettings) -> Objective:
         causal = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
         h, _, _ = clover_head.block(cfg, params, last[:, :t], emb[:, :t], pos, causal)
         outs = clover_head.unroll(cfg, params, h, emb, n)
-        head_w = vocab.lm_head(reduced, lm_head_weight(tc, tp))
+        head_w = vocab.lm_head(reduced, float_lm_head(tc, tp))
         return (outs, [clover_head.logits(o, head_w) for o in outs], step_targets(seen, d2t, n, t, tc.vocab_size),
                 shifted(seen["hidden"], n, t))
 

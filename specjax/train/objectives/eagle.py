@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.heads import eagle as eagle_head
-from specjax.models import Model, forward, lm_head_weight
+from specjax.models import Model, float_lm_head, forward
 from specjax.train import draft_vocab
 from specjax.train.objectives.base import Objective
 from specjax.train.objectives.scoring import distill, greedy_rank_metrics, rank_metrics, sparse_distill
@@ -136,7 +136,7 @@ def _eagle(s: EagleSettings, version: int) -> Objective:
             feat = feat + jax.random.uniform(key, feat.shape, minval=-s.noise, maxval=s.noise)
         emb = eagle_head.embed(params, target.params["embed"], tokens[:, 1: t + n])
         hs = eagle_head.unroll(cfg, params, emb, feat, n)
-        head_w = lm_head_weight(target.config, target.params)
+        head_w = float_lm_head(target.config, target.params)
         draft = [eagle_head.logits(cfg, params, h, head_w) for h in hs]
         return hs, draft, step_targets(seen, d2t, n, t, target.config.vocab_size), shifted(seen["features"], n, t)
 

@@ -80,7 +80,7 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
         else:
             out = forward(target.config, tp, batch["tokens"][:, :-1], compute_logits=joint)
             hidden = out.hidden if joint else jax.lax.stop_gradient(out.hidden)
-        return out, medusa_head.apply({**hp, **reduced}, hidden, s.num_layers, lm_head_weight(target.config, tp))
+        return out, medusa_head.apply({**hp, **reduced}, hidden, s.num_layers, float_lm_head(target.config, tp))
 
     def labelled(logits, batch, target):
         """Per head: (logits, labels in the draft vocabulary (-1: outside it), the positions
