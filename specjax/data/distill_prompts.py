@@ -1,7 +1,7 @@
 """Training prompts for self-distillation, built offline: code tasks over the standard library's
-functions, summarization, QA, rewriting and translation over passages (the Python reference
-topics in `pydoc_data` and the stdlib's module docstrings), generated math word problems,
-general instructions, and two-turn chats whose first reply is known text (a docstring, a worked
+functions, summarization, QA, rewriting and translation over passages (both from
+`specjax.data.stdlib_text`), math word problems (`specjax.data.word_problems`), general
+instructions, and two-turn chats whose first reply is known text (a docstring, a worked
 solution, the passage's own opening). Deterministic from a seed.
 
 Rows have the benchmark's shape (`specjax.data.prompts`: id, category, turns, replies,
@@ -14,108 +14,16 @@ instruction wordings differ from theirs, and the stdlib modules held out of the 
 
 from __future__ import annotations
 
-import functools
-import math
 import random
 import re
-import textwrap
-from fractions import Fraction
 
-from specjax.data.corpus import list_files, read_text, resolve_root
+from specjax.data.stdlib_text import passage, sentences, stdlib_function
+from specjax.data.word_problems import ITEMS, NAMES, word_problem
 
 CATEGORIES = {  # category -> share of the prompts
     "code": 0.24, "instruction": 0.14, "summarization": 0.1, "qa": 0.12, "rewrite": 0.08,
     "translation": 0.08, "math": 0.12, "multi_turn": 0.12,
 }
-
-# ---- sources -------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def _source_files() -> tuple:
-    train, _ = list_files(resolve_root("stdlib"))  # held-out modules stay out
-    return tuple(train)
-
-
-_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*\(", re.M)
-_DOC = re.compile(r'\A(?:[ \t]*(?:#[^\n]*)?\n)*[ \t]*[rRuU]?("""|\'\'\')(.*?)\1', re.S)
-
-
-@functools.lru_cache(maxsize=None)
-def _functions(index: int) -> tuple:
-    """(module, name, source, docstring) of the file's functions and methods of 150-1400 chars
-    (a block is the `def` line and the lines indented deeper; a regex, not a parse: fast)."""
-    path = _source_files()[index]
-    text = read_text(path)
-    module = path.relative_to(resolve_root("stdlib")).with_suffix("").as_posix().replace("/", ".")
-    out = []
-    for m in _DEF.finditer(text):
-        indent, name = len(m.group(1).expandtabs()), m.group(2)
-        if name.startswith("__"):
-            continue
-        lines = text[m.start():].split("\n")
-        end = 1
-        while end < len(lines) and (not lines[end].strip() or
-                                    len(lines[end]) - len(lines[end].lstrip()) > indent):
-            end += 1
-        src = "\n".join(lines[:end]).rstrip()
-        if 150 <= len(src) <= 1400:
-            body = src.split(":\n", 1)[-1]
-            doc = _DOC.match(body)
-            out.append((module, name, textwrap.dedent(src), _clean_doc(doc.group(2)) if doc else ""))
-    return tuple(out)
-
-
-def _clean_doc(doc: str) -> str:
-    return "\n\n".join(" ".join(p.split()) for p in re.split(r"\n\s*\n", doc.strip()))
-
-
-@functools.lru_cache(maxsize=1)
-def _passages() -> tuple:
-    """Prose passages of 300-1300 chars: the Python reference topics split at paragraphs,
-    and the stdlib's module docstrings."""
-    import pydoc_data.topics
-
-    out = []
-    for _, text in sorted(pydoc_data.topics.topics.items()):
-        out += _chunks(text)
-    for path in _source_files():
-        doc = _DOC.match(read_text(path))
-        if doc:
-            out += _chunks(doc.group(2))
-    return tuple(out)
-
-
-def _chunks(text: str, lo: int = 300, hi: int = 1300) -> list[str]:
-    """Consecutive prose paragraphs (no code, tables or headings) merged into passages."""
-    paras = [p.strip() for p in re.split(r"\n\s*\n", text)]
-    prose = [" ".join(p.split()) for p in paras
-             if len(p) > 80 and not re.search(r"^\s|>>>|[=*-]{4}|[{};]\s*$", p, re.M)]
-    out, cur = [], ""
-    for p in prose:
-        if len(cur) + len(p) > hi:
-            if len(cur) >= lo:
-                out.append(cur)
-            cur = p if len(p) <= hi else ""
-        else:
-            cur = f"{cur}\n\n{p}" if cur else p
-    if len(cur) >= lo:
-        out.append(cur)
-    return out
-
-
-def _sentences(text: str) -> list[str]:
-    return [s for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split())) if 40 <= len(s) <= 220]
-
-
-def _function(rng, with_doc=False):
-    files = _source_files()
-    for _ in range(50):
-        fns = _functions(rng.randrange(len(files)))
-        fns = [f for f in fns if len(f[3]) >= 30] if with_doc else fns
-        if fns:
-            return rng.choice(fns)
-    raise ValueError("no standard-library functions found to build code prompts from")
 
 
 def _code(src: str) -> str:
@@ -146,11 +54,11 @@ LANGUAGES = ("French", "German", "Spanish", "Italian", "Portuguese", "Dutch", "P
 def code_prompt(rng):
     kind = rng.random()
     if kind < 0.7:
-        module, name, src, _ = _function(rng)
+        module, name, src, _ = stdlib_function(rng)
         task = rng.choice(CODE_TASKS)
         intro = rng.choice(("", f"This is `{name}` from the standard library module `{module}`.\n\n"))
         return [f"{intro}{task}\n\n{_code(src)}" if rng.random() < 0.5 else f"{_code(src)}\n\n{intro}{task}"]
-    module, name, src, doc = _function(rng, with_doc=True)
+    module, name, src, doc = stdlib_function(rng, with_doc=True)
     header = src.split("\n", 1)[0]
     summary = " ".join(doc.split("\n\n")[0].split())
     if kind < 0.85:
@@ -188,36 +96,33 @@ REWRITE = (
 )
 
 
-def _passage(rng):
-    return rng.choice(_passages())
-
 
 def summarization_prompt(rng):
     task = rng.choice(SUMMARIZE).format(n=rng.choice(("two", "three", "four")), w=rng.choice((40, 60, 80)))
-    return [f"{task}\n\n{_passage(rng)}"]
+    return [f"{task}\n\n{passage(rng)}"]
 
 
 def qa_prompt(rng):
     if rng.random() < 0.4:
         return [general_question(rng)]
-    text = _passage(rng)
+    text = passage(rng)
     terms = re.findall(r"\b[A-Za-z_][A-Za-z0-9_]*\(\)|\b[a-z]+_[a-z_]+\b|\b[A-Z][a-z]+[A-Z]\w*\b", text)
     words = [w for w in re.findall(r"\b[a-z]{7,}\b", text)]
     term = rng.choice(terms or words or ["this feature"])
-    claim = rng.choice(_sentences(text) or [text[:120]])
+    claim = rng.choice(sentences(text) or [text[:120]])
     q = rng.choice(QUESTIONS).format(term=f"`{term}`" if terms else term, claim=claim)
     return [rng.choice((f"Read this text and then answer the question.\n\nText:\n{text}\n\nQuestion: {q}",
                         f"{text}\n\nBased on the text above: {q}"))]
 
 
 def rewrite_prompt(rng):
-    return [f"{rng.choice(REWRITE)}\n\n{_passage(rng)}"]
+    return [f"{rng.choice(REWRITE)}\n\n{passage(rng)}"]
 
 
 def translation_prompt(rng):
     lang = rng.choice(LANGUAGES)
     if rng.random() < 0.5:
-        sentence = rng.choice(_sentences(_passage(rng)) or ["Every object has an identity, a type and a value."])
+        sentence = rng.choice(sentences(passage(rng)) or ["Every object has an identity, a type and a value."])
     else:
         sentence = everyday_sentence(rng)
     return [rng.choice((f"Please translate this sentence into {lang}:\n{sentence}",
@@ -297,10 +202,6 @@ def instruction_prompt(rng):
         interest=rng.choice(INTERESTS))]
 
 
-NAMES = ("Amina", "Ben", "Chloe", "Diego", "Elif", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kofi",
-         "Lena", "Mateo", "Nadia", "Oscar", "Priya", "Quinn", "Rosa", "Sven", "Tara", "Umar", "Wen")
-ITEMS = (("notebook", "notebooks"), ("apple", "apples"), ("ticket", "tickets"), ("sandwich", "sandwiches"),
-         ("pencil", "pencils"), ("plant", "plants"), ("candle", "candles"), ("mug", "mugs"))
 PLACES = ("the library", "the harbour", "the museum", "the stadium", "the market", "the station", "the park")
 
 
@@ -317,89 +218,13 @@ def everyday_sentence(rng):
     ))
 
 
-# ---- math word problems -------------------------------------------------------------------------
-
-def _money(x) -> str:
-    return f"${x:,.2f}"
-
-
-def _math_problem(rng) -> tuple[str, str]:
-    """(question, worked solution), numbers drawn so the answer is exact."""
-    name, other = rng.sample(NAMES, 2)
-    item, items = rng.choice(ITEMS)
-    k = rng.randrange(9)
-    if k == 0:
-        n, price = rng.randint(3, 12), rng.randint(2, 40) * 0.25
-        paid = math.ceil(n * price / 10) * 10 + rng.choice((0, 10, 20))
-        return (f"{name} buys {n} {items} at {_money(price)} each and pays with {_money(paid)}. How much change "
-                f"does {name} get?",
-                f"The {items} cost {n} x {_money(price)} = {_money(n * price)}. The change is {_money(paid)} - "
-                f"{_money(n * price)} = {_money(paid - n * price)}.")
-    if k == 1:
-        speed, hours = rng.choice((40, 45, 60, 72, 80, 90)), rng.choice((1.5, 2, 2.5, 3, 4))
-        start_h, start_m = rng.randint(6, 15), rng.choice((0, 15, 30, 45))
-        end = start_h * 60 + start_m + int(hours * 60)
-        return (f"A bus covers {speed * hours:g} km at a steady {speed} km/h, leaving at {start_h}:{start_m:02d}. "
-                f"When does it arrive?",
-                f"Time = distance / speed = {speed * hours:g} / {speed} = {hours:g} hours = {int(hours * 60)} minutes. "
-                f"{start_h}:{start_m:02d} plus {int(hours * 60)} minutes is {end // 60}:{end % 60:02d}.")
-    if k == 2:
-        price, off, tax = rng.randint(20, 300), rng.choice((10, 15, 20, 25, 30)), rng.choice((5, 8, 10))
-        sale = price * (100 - off) / 100
-        return (f"A jacket costs {_money(price)}. It is {off}% off, and then {tax}% sales tax is added. "
-                f"What is the final price?",
-                f"After the discount: {_money(price)} x {(100 - off) / 100:g} = {_money(sale)}. With tax: "
-                f"{_money(sale)} x {1 + tax / 100:g} = {_money(sale * (1 + tax / 100))}.")
-    if k == 3:
-        weekly, goal = rng.randint(5, 60), rng.randint(100, 1500)
-        weeks = math.ceil(goal / weekly)
-        return (f"{name} puts aside {_money(weekly)} every week to buy something that costs {_money(goal)}. "
-                f"After how many weeks can {name} afford it?",
-                f"{_money(goal)} / {_money(weekly)} = {goal / weekly:.2f}, so {name} needs {weeks} whole weeks "
-                f"(after {weeks} weeks the savings are {_money(weeks * weekly)}).")
-    if k == 4:
-        w, l, cost = rng.randint(3, 30), rng.randint(4, 50), rng.randint(2, 15)
-        return (f"A garden is {l} m long and {w} m wide. Fencing costs {_money(cost)} per metre. What is the area "
-                f"of the garden, and how much does it cost to fence it all round?",
-                f"Area = {l} x {w} = {l * w} square metres. Perimeter = 2 x ({l} + {w}) = {2 * (l + w)} m, so the "
-                f"fence costs {2 * (l + w)} x {_money(cost)} = {_money(2 * (l + w) * cost)}.")
-    if k == 5:
-        young, times, years = rng.randint(3, 15), rng.randint(2, 4), rng.randint(2, 10)
-        old = young * times
-        total = old + young + 2 * years
-        return (f"{name} is {times} times as old as {other}. In {years} years their ages will add up to {total}. "
-                f"How old are they now?",
-                f"Let {other} be x, so {name} is {times}x. In {years} years: ({times}x + {years}) + (x + {years}) = "
-                f"{total}, so {times + 1}x = {total - 2 * years} and x = {young}. {other} is {young} and {name} "
-                f"is {old}.")
-    if k == 6:
-        a, b = rng.sample((2, 3, 4, 5, 6, 8, 10, 12), 2)
-        together = Fraction(a * b, a + b)
-        return (f"One tap fills a tank in {a} hours and another fills it in {b} hours. How long do they take "
-                f"together?",
-                f"Rates: 1/{a} + 1/{b} = {Fraction(1, a) + Fraction(1, b)} of the tank per hour, so together they "
-                f"take {together} hours (about {float(together):.2f} hours).")
-    if k == 7:
-        people, grams, want = rng.choice((2, 4, 6)), rng.randint(100, 600), rng.choice((3, 5, 8, 10, 12))
-        return (f"A recipe for {people} people uses {grams} g of flour. How much flour is needed for {want} "
-                f"people?",
-                f"Per person: {grams} / {people} = {grams / people:g} g. For {want} people: {want} x "
-                f"{grams / people:g} = {grams * want / people:g} g.")
-    scores = [rng.randint(55, 98) for _ in range(rng.randint(3, 5))]
-    target = min(95, round(sum(scores) / len(scores)) + rng.randint(2, 6))
-    need = target * (len(scores) + 1) - sum(scores)
-    return (f"{name}'s test scores are {', '.join(map(str, scores))}. What is the average, and what score is "
-            f"needed on the next test to bring the average to {target}?",
-            f"The average is {sum(scores)} / {len(scores)} = {sum(scores) / len(scores):.2f}. An average of {target} "
-            f"over {len(scores) + 1} tests needs a total of {target * (len(scores) + 1)}, so the next score must be "
-            f"{target * (len(scores) + 1)} - {sum(scores)} = {need}" + (" (more than 100: not possible)." if need > 100 else "."))
-
+# ---- math ----------------------------------------------------------------------------------------
 
 MATH_ASKS = ("Work it out step by step.", "Explain each step.", "Show the calculation.", "Reason it through.")
 
 
 def math_prompt(rng):
-    question, _ = _math_problem(rng)
+    question, _ = word_problem(rng)
     return [f"{question} {rng.choice(MATH_ASKS)}"]
 
 
@@ -417,14 +242,14 @@ FOLLOW_TEXT = ("Give a concrete example of this.", "What questions might a reade
 def multi_turn_prompt(rng):
     kind = rng.randrange(3)
     if kind == 0:
-        module, name, src, doc = _function(rng, with_doc=True)
+        module, name, src, doc = stdlib_function(rng, with_doc=True)
         return ([f"What does this function from `{module}` do?\n\n{_code(src)}", rng.choice(FOLLOW_CODE)],
                 [" ".join(doc.split("\n\n")[0].split())])
     if kind == 1:
-        question, solution = _math_problem(rng)
+        question, solution = word_problem(rng)
         return [question, rng.choice(FOLLOW_MATH)], [solution]
-    text = _passage(rng)
-    first = " ".join(_sentences(text)[:2]) or text[:200]
+    text = passage(rng)
+    first = " ".join(sentences(text)[:2]) or text[:200]
     return [f"What is this text about?\n\n{text}", rng.choice(FOLLOW_TEXT)], [first]
 
 
