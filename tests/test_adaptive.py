@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import adaptive, decoding, engine
+from specjax import adaptive, adaptive_loop, decoding, engine
 from specjax.constraints import Unconstrained
 from specjax.drafters import DraftModel, PromptLookup
 from specjax.drafters.draft_model import DraftModelState
@@ -92,9 +92,9 @@ def test_prompt_lookup_and_calibrate(models):
 
 
 def test_goodput_rule_and_errors(models):
-    np.testing.assert_allclose(adaptive.expected_tokens([0.5, 0.5], (0, 1, 2)), [1.0, 1.5, 1.75])
-    np.testing.assert_allclose(adaptive.expected_tokens([1.0, 0.5, 0.0], (0, 1, 2, 3)), [1.0, 2.0, 2.5, 2.5])
-    np.testing.assert_allclose(adaptive.goodput([0.5], (0, 1), [1.0, 1.25], 0.1), [1.1, 1.2])
+    np.testing.assert_allclose(adaptive_loop.expected_tokens([0.5, 0.5], (0, 1, 2)), [1.0, 1.5, 1.75])
+    np.testing.assert_allclose(adaptive_loop.expected_tokens([1.0, 0.5, 0.0], (0, 1, 2, 3)), [1.0, 2.0, 2.5, 2.5])
+    np.testing.assert_allclose(adaptive_loop.goodput([0.5], (0, 1), [1.0, 1.25], 0.1), [1.1, 1.2])
     target, draft = models
     ad = sj.Adaptive(PromptLookup(), ks=(0, 1))
     # k = 1 makes 1.5 tokens per step: at cost 1.36 it beats AR by 10.3%, at 1.37 by only 9.5%
