@@ -17,7 +17,8 @@ import specjax as sj
 from specjax.__main__ import main
 from specjax.bench.harness import BenchConfig, _tokenized_prompts, run, skipped
 from specjax.bench.report import caveat, write
-from specjax.convert import ASSETS, resolve
+from specjax.convert import resolve
+from specjax.convert.model_paths import ASSETS
 from specjax.data.prompts import prompt_set
 from specjax.tokenizer import load_tokenizer
 

@@ -503,7 +503,7 @@ def test_eagle_objectives_take_cached_target_features(corpus, objective):
 
 @pytest.mark.parametrize("name", ["medusa", "eagle", "clover", "ppd", "hidden-transfer"])
 def test_shipped_heads_speed_up_the_shipped_target(name):
-    from specjax.convert import ASSETS
+    from specjax.convert.model_paths import ASSETS
     from specjax import methods
 
     if not (ASSETS / "tiny" / "config.json").is_file() or not (ASSETS / f"tiny-{name}" / "head.json").is_file():
@@ -521,7 +521,7 @@ def test_shipped_eagle_head_drafts_dyspec_trees():
     """The shipped tiny head growing DySpec's tree (the named eagle's 8 nodes, in 4 rounds):
     AR's tokens at temperature 0 (batch 1 and a ragged batch), drafts accepted; RSD when
     sampling."""
-    from specjax.convert import ASSETS
+    from specjax.convert.model_paths import ASSETS
 
     if not (ASSETS / "tiny" / "config.json").is_file() or not (ASSETS / "tiny-eagle" / "head.json").is_file():
         pytest.skip("the shipped tiny target or heads are not built")

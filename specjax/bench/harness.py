@@ -24,8 +24,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-import specjax as sj
 from specjax import methods
+from specjax.convert import load
+from specjax.decoding import generate
 from specjax.stats import Stats
 
 LOSSY = {"typical"}  # methods whose output is not the target's law are labelled in the table
@@ -144,7 +145,7 @@ class _Method:
         if self.kind == "peer":
             return [self.peers.decode(self.name, g, n) for g in groups]
         keys = [jax.random.key(self.cfg.seed + i) for i in range(len(groups))]
-        outs = [sj.generate(self.model, g, max_new_tokens=n, drafter=self.calibrated.get(len(g), self.drafter),
+        outs = [generate(self.model, g, max_new_tokens=n, drafter=self.calibrated.get(len(g), self.drafter),
                             temperature=t, key=k) for g, k in zip(groups, keys)]
         return [(o.tokens, o.stats) for o in outs]
 
@@ -167,12 +168,12 @@ def prepare(cfg: BenchConfig) -> Prepared:
     from specjax.tokenizer import load_tokenizer
     _check_methods(cfg.methods)
     rows = prompt_set(cfg.prompts, cfg.num_prompts)
-    model = sj.load(cfg.model)
+    model = load(cfg.model)
     prompts = _tokenized_prompts(rows, load_tokenizer(cfg.model))
     names = ["ar", *dict.fromkeys(m for m in cfg.methods if m != "ar")]
     uses_draft = any("draft model" in methods.find(m)[0].needs for m in names)
     draft_folder = resolve(cfg.draft) if uses_draft else None
-    draft = sj.load(draft_folder) if draft_folder is not None else None
+    draft = load(draft_folder) if draft_folder is not None else None
     peers = None
     if any(methods.find(m)[0].runner == "peer" for m in names):
         from specjax.bench.peers import Peers

@@ -24,9 +24,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-import specjax as sj
 from specjax import cli
 from specjax import methods as registry
+from specjax.constraints import json_schema
+from specjax.convert import load
+from specjax.decoding import generate
+from specjax.tokenizer import load_tokenizer
 
 # row name -> (registered method, constrained)
 METHODS = {**{f"constrained-{u}": (u, True) for u, m in registry.METHODS.items() if "constraint" in m.needs},
@@ -68,7 +71,7 @@ def constraints(model, tokenizer, items: list[dict]) -> list:
     out = []
     for item in items:
         try:
-            out.append(sj.constraints.json_schema(item["schema"], tokenizer, vocab_size=model.config.vocab_size))
+            out.append(json_schema(item["schema"], tokenizer, vocab_size=model.config.vocab_size))
         except ValueError as e:
             raise ValueError(f"schema {item['name']!r}: {e}") from None
     return out
@@ -84,7 +87,7 @@ def run(model, tokenizer, items: list[dict], compiled: list, methods: list[str],
         message = f"{item['prompt']}\nThe JSON schema:\n{json.dumps(item['schema'])}"
         ids = tokenizer.chat([{"role": "user", "content": message}]) if tokenizer.chat_template \
             else tokenizer.encode(message)
-        calls = {m: lambda m=m: sj.generate(
+        calls = {m: lambda m=m: generate(
             model, [ids], max_new_tokens=max_new_tokens, drafter=registry.make(METHODS[m][0], model),
             eos_token_id=eos, constraint=constraint if METHODS[m][1] else None, key=jax.random.key(0))
             for m in methods}
@@ -150,7 +153,7 @@ def main(argv=None) -> int:
     def command():
         args = ap.parse_args(argv)
         try:
-            model, tokenizer = sj.load(args.model), sj.load_tokenizer(args.model)
+            model, tokenizer = load(args.model), load_tokenizer(args.model)
             items = schemas(args.schemas)[:args.limit]
             compiled = constraints(model, tokenizer, items)  # every schema, before anything is timed
         except ImportError:

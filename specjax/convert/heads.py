@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.convert import ASSETS
+from specjax.convert.model_paths import ASSETS
 from specjax.heads import eagle as eagle_head
 from specjax.heads.clover import CloverConfig
 from specjax.heads.eagle import EagleConfig

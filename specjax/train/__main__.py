@@ -212,10 +212,11 @@ def cmd_features(args, p, model=None) -> int:
 
 def _target(args):
     """The --model target and its tokenizer."""
-    import specjax as sj
+    from specjax.convert import load
+    from specjax.tokenizer import load_tokenizer
 
     try:
-        return sj.load(args.model), sj.load_tokenizer(args.model)
+        return load(args.model), load_tokenizer(args.model)
     except (ValueError, OSError, KeyError) as e:
         raise UsageError(f"cannot load --model {args.model}: {e}") from None
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import jax
 
-import specjax as sj
+from specjax.decoding import generate
+from specjax.models import Model
 from specjax.train.bpe import EOT, load_bpe
 from specjax.train.export import load_trained_params
 from specjax.train.loop import held_out, score_function
@@ -39,7 +40,7 @@ def report(config_paths, new_tokens: int = 64, windows: int | None = None) -> No
         print(f"| {name} | {n / 1e6:.2f}M | {step} | {m['loss']:.4f} | {m['ppl']:.2f} |")
         tok = load_bpe(cfg.data.tokenizer)
         prompts = [[tok.token_to_id(EOT)] + tok.encode(prompt).ids for prompt in PROMPTS]
-        out = sj.generate(sj.Model(params, cfg.model), prompts, max_new_tokens=new_tokens)
+        out = generate(Model(params, cfg.model), prompts, max_new_tokens=new_tokens)
         samples += [(name, prompt, tok.decode(out.tokens[i].tolist())) for i, prompt in enumerate(PROMPTS)]
     print(f"\nHeld-out loss over {len(held)} disjoint {cfg.data.seq_len}-token windows spread "
           f"over the held-out modules ({len(val)} tokens in all).\n")

@@ -25,9 +25,9 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-import specjax as sj
 from specjax.data.chat import prompt_ids
 from specjax.data.distill_prompts import build_prompts
+from specjax.decoding import generate
 from specjax.train import shards
 
 
@@ -82,7 +82,7 @@ def generate_answers(model, tokenizer, cfg: DistillConfig, progress: bool = True
     for i in todo:
         t0, cpu0, temperature = time.perf_counter(), time.process_time(), cfg.temperatures[i % len(cfg.temperatures)]
         prompts = [ids[j] for j in plan[i]]
-        res = sj.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
+        res = generate(model, prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
                           key=jax.random.fold_in(jax.random.key(cfg.seed), i),
                           eos_token_id=list(tokenizer.eos_token_ids) or None)
         answers = [res.tokens[r, : res.num_tokens[r]] for r in range(len(prompts))]

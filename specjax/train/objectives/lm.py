@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from specjax.convert import save
 from specjax.models import Model, ModelConfig, forward
 from specjax.train.objectives.base import Objective, no_metrics
 from specjax.train.objectives.scoring import next_token_loss
@@ -22,9 +23,7 @@ def lm(model: ModelConfig, tokenizer: str | Path) -> Objective:
         return value, {"loss": value, "accuracy": acc}
 
     def export(params, out_dir, target=None, held_out=None):
-        import specjax
-
-        specjax.save(Model(params, model), str(out_dir), format="hf")
+        save(Model(params, model), str(out_dir), format="hf")
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(Path(tokenizer) / name, Path(out_dir) / name)
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.convert import save
 from specjax.heads import medusa as medusa_head
 from specjax.models import Model, float_lm_head, forward
 from specjax.models.llama import norm
@@ -122,9 +123,7 @@ def _medusa(s: MedusaSettings, joint: bool) -> Objective:
         Medusa(jax.tree.map(np.asarray, {**hp, **reduced}), num_layers=s.num_layers, tree_size=s.tree_size,
                accuracy=accuracy_table(held_out())).save(out_dir, target)
         if joint:
-            import specjax
-
-            specjax.save(Model(tp, target.config), str(Path(out_dir) / "target"), format="hf")
+            save(Model(tp, target.config), str(Path(out_dir) / "target"), format="hf")
 
     return Objective(init, loss, evaluate, export, None if joint else last_layer)
 
