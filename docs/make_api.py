@@ -1,9 +1,10 @@
-"""Write docs/api.md from the docstrings of specjax's public names: `specjax`, `specjax.drafters`,
-`specjax.verify` and `specjax.constraints` (each package's `__all__`, under the first paragraph
-of its docstring), the method registry (`specjax.methods`) and the target protocol
-(`specjax.models.target`) (the names listed, under the module's whole docstring).
+"""Write the docs made from the code: docs/api.md from the docstrings of specjax's public names
+(`specjax`, `specjax.drafters`, `specjax.verify` and `specjax.constraints`: each package's
+`__all__`, under the first paragraph of its docstring; the method registry (`specjax.methods`)
+and the target protocol (`specjax.models.target`): the names listed, under the module's whole
+docstring), and README.md's methods table from the registry (`methods_table()`).
 
-    python docs/make_api.py          # rewrites docs/api.md; tests/test_docs.py checks it is current
+    python docs/make_api.py          # rewrites both; tests/test_docs.py checks they are current
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ MODULES = {"specjax": None, "specjax.drafters": None, "specjax.verify": None, "s
            "specjax.models.target": ("Target", "TargetConfig")}
 """Each module with the names it documents (None: its `__all__`)."""
 OUT = Path(__file__).resolve().parent / "api.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
+TABLE_START, TABLE_END = "<!-- methods:start -->\n", "\n<!-- methods:end -->"
 
 
 def _signature(obj) -> str:
@@ -105,6 +108,15 @@ def render() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def readme(text: str) -> str:
+    """README.md's `text` with the registry's methods table between its markers."""
+    from specjax.methods import methods_table
+
+    head, rest = text.split(TABLE_START)
+    return f"{head}{TABLE_START}{methods_table()}{TABLE_END}{rest.split(TABLE_END, 1)[1]}"
+
+
 if __name__ == "__main__":
     OUT.write_text(render())
-    print(f"wrote {OUT}")
+    README.write_text(readme(README.read_text()))
+    print(f"wrote {OUT} and {README}'s methods table")
