@@ -130,8 +130,9 @@ def check(model, plan, rows: int, *, compiled_rows: int, devices: int = 1) -> No
     fit = free // need.total * devices
     fit = 1 << (fit.bit_length() - 1) if fit else 0
     where = f" on each of {devices} devices" if devices > 1 else ""
+    advice = f"at most {fit} rows fit; split the batch" if fit else "not one row fits"
     raise BatchTooLarge(f"a batch of {rows} rows needs about {_size(per_device * need.total)}{where} ({need}), "
-                     f"more than the {_size(free)} available: at most {fit} rows fit; split the batch")
+                        f"more than the {_size(free)} available: {advice}")
 
 
 def _size(n: int) -> str:

@@ -100,6 +100,9 @@ def test_on_a_mesh_the_rows_split_over_data(monkeypatch):
         memory.check(tiny, p, 200, compiled_rows=256, devices=2)
     with pytest.raises(memory.BatchTooLarge, match="at most 64 rows fit"):  # a power of two: its bucket fits
         memory.check(tiny, p, 100, compiled_rows=128)
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: memory._RESERVED)
+    with pytest.raises(memory.BatchTooLarge, match="available: not one row fits$"):
+        memory.check(tiny, p, 1, compiled_rows=1)
 
 
 @functools.cache
