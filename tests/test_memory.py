@@ -86,7 +86,7 @@ def test_row_bytes_count_the_drafter_state():
         sj.generate(tiny, [[1, 2, 3]] * 1_000_000, max_new_tokens=2)
 
 
-def test_on_a_mesh_the_rows_split_over_data(monkeypatch):
+def test_the_rows_that_fit_a_power_of_two_split_over_the_mesh(monkeypatch):
     import specjax as sj
     from specjax import decoding, memory
 
@@ -149,3 +149,13 @@ def test_method_pages_state_their_memory_a_row():
     for page, names in pages.items():
         assert memory_line(names) in " ".join(page.read_text().split()), f"{page.name}: {memory_line(names)}"
 
+
+
+def test_the_bench_refuses_a_batch_that_cannot_fit_before_measuring(tmp_path, capsys):
+    from specjax.__main__ import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--methods", "ar", "--batch", "1", "1000000", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: a batch of 1000000 rows needs about") and err.count("\n") == 1, err
+    assert "rows fit; split the batch" in err and not out.exists()
