@@ -135,8 +135,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _all_or(parse):
+    """An option type: 'all' (None) or what `parse` takes."""
     def all_or(text: str):
         return None if text == "all" else parse(text)
+    all_or.__name__, all_or.bounds = parse.__name__, parse.bounds
     return all_or
 
 

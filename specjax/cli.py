@@ -3,8 +3,9 @@ the user-input error, a parser whose errors are that error, option types checked
 and the boundary that turns them into one line on stderr.
 
 The split is by exception type: `UsageError` (bad input, raised by the parser and by the
-commands' own input checks) is one line and exit status 2; Ctrl-C is one line and 130; any
-other exception is a bug and keeps its traceback.
+commands' own input checks) and `OSError` (a path the system refuses: too long, not a folder,
+no permission, a full disk; its message names the path) are one line and exit status 2;
+Ctrl-C is one line and 130; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def integer(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
-    """An option type: an integer in [low, high] (None: unbounded)."""
+    """An option type: an integer in [low, high] (None: unbounded); `.bounds` is (low, high)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -53,12 +54,13 @@ def integer(low: int | None = None, high: int | None = None) -> Callable[[str], 
         if (low is not None and value < low) or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"must be an integer{_range(low, high)}, got {text}")
         return value
-    parse.__name__ = "integer"
+    parse.__name__, parse.bounds = "integer", (low, high)
     return parse
 
 
 def number(low: float | None = None, high: float | None = None, *, low_open: bool = False) -> Callable[[str], float]:
-    """An option type: a finite number in [low, high] ((low, high] with low_open)."""
+    """An option type: a finite number in [low, high] ((low, high] with low_open); `.bounds` is
+    (low, high)."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -68,7 +70,7 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
                 or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"must be a finite number{_range(low, high, low_open)}, got {text}")
         return value
-    parse.__name__ = "number"
+    parse.__name__, parse.bounds = "number", (low, high)
     return parse
 
 
@@ -98,11 +100,11 @@ def text(*, empty: bool = False) -> Callable[[str], str]:
 
 def run(command: Callable[..., int | None], *args) -> int:
     """Run a command's handler inside the error boundary: its exit status (None: 0); a
-    UsageError -> 'error: ...' on stderr and 2; Ctrl-C -> 'interrupted' and 130 (a handler
+    UsageError or OSError -> 'error: ...' on stderr and 2; Ctrl-C -> 'interrupted' and 130 (a handler
     that has more to say about what it had done catches KeyboardInterrupt itself)."""
     try:
         return command(*args) or 0
-    except UsageError as e:
+    except (UsageError, OSError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return USAGE_STATUS
     except KeyboardInterrupt:

@@ -2,9 +2,10 @@
 
 Every call goes the same way: `prepare` checks the prompts and the options (a `Request`),
 resolves the static pieces (`plan`: drafter, verifier, sampling, EOS ids, constraint, cache
-size), pads the batch to buckets and lays it out on the model's mesh; the loop runs
-(`specjax.engine`); `finish` brings the outputs to the host with their `Stats`. A `Policy`
-passed as the drafter (`sj.Adaptive`) runs its own loop between the same prepare and finish.
+size), checks that the batch fits in memory (`specjax.memory`), pads the batch to buckets and
+lays it out on the model's mesh; the loop runs (`specjax.engine`); `finish` brings the outputs
+to the host with their `Stats`. A `Policy` passed as the drafter (`sj.Adaptive`) runs its own
+loop between the same prepare and finish.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from specjax import constraints, engine, sampling, sharding, verify
+from specjax import constraints, engine, memory, sampling, sharding, verify
 from specjax.drafters.base import Drafter, NoDrafter
 from specjax.engine import DecodeSettings
 from specjax.models import Model, ModelConfig
@@ -209,6 +210,8 @@ def prepare(model: Model, prompts, drafter: Drafter | None, request: Request) ->
     padded, lengths = pad_prompts(prompts, model.config.vocab_size)
     p = plan(model.config, model, padded.shape[1], drafter, request, bucketed=True)
     mesh = sharding.mesh_of(model)
+    memory.check(model, p, len(padded), compiled_rows=bucket(len(padded), floor=1),
+                 devices=1 if mesh is None else mesh.shape.get(sharding.DATA, 1))
     drafter = p.drafter if mesh is None else sharding.shard(p.drafter, mesh)
     return Prepared(p, drafter, batch(p, mesh, padded, lengths), len(padded), mesh)
 

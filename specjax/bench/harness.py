@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from specjax import methods
+from specjax import decoding, memory, methods
 from specjax.convert import load
 from specjax.decoding import generate
 from specjax.stats import Stats
@@ -161,8 +161,9 @@ class Prepared(NamedTuple):
 
 def prepare(cfg: BenchConfig) -> Prepared:
     """Read and check everything `run` needs before it measures anything: the method names,
-    the prompt set, the models, and each method against the target. Bad input raises
-    ValueError or OSError (FileNotFoundError for a missing file)."""
+    the prompt set, the models, each method against the target, the context and the memory at
+    each batch size. Bad input raises ValueError or OSError (FileNotFoundError for a missing
+    file)."""
     from specjax.convert import resolve
     from specjax.data.prompts import prompt_set
     from specjax.tokenizer import load_tokenizer
@@ -178,7 +179,22 @@ def prepare(cfg: BenchConfig) -> Prepared:
     if any(methods.find(m)[0].runner == "peer" for m in names):
         from specjax.bench.peers import Peers
         peers = Peers(resolve(cfg.model), draft_folder)
-    return Prepared(cfg, prompts, {m: _Method(m, cfg, model, draft, peers) for m in names})
+    runners = {m: _Method(m, cfg, model, draft, peers) for m in names}
+    _check_fits(model, runners.values(), max(len(ids) for _, ids in prompts), cfg)
+    return Prepared(cfg, prompts, runners)
+
+
+def _check_fits(model, runners, longest: int, cfg: BenchConfig) -> None:
+    """Raise ValueError when a method's longest prompt and new tokens overflow the context, or
+    one of its batches the memory (an adaptive method counted as its base drafter)."""
+    for runner in runners:
+        if runner.kind == "peer":
+            continue
+        drafter = runner.drafter.base if runner.kind == "adaptive" else runner.drafter
+        p = decoding.plan(model.config, model, longest, drafter, decoding.Request(cfg.max_new_tokens,
+                          temperature=cfg.temperature), bucketed=True)
+        for b in cfg.batches:
+            memory.check(model, p, b, compiled_rows=decoding.bucket(b, floor=1))
 
 
 def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:

@@ -146,7 +146,10 @@ def cmd_run(args, p) -> int:
     if args.distributed:
         from specjax.sharding import initialize_distributed
 
-        initialize_distributed()  # before JAX touches a device
+        try:
+            initialize_distributed()  # before JAX touches a device
+        except ValueError as e:  # no cluster found
+            raise UsageError(f"--distributed: {e} (see specjax.sharding.initialize_distributed)") from None
     config = _config(args, p)
     _check_mesh(config)
     from specjax.train.loop import train
@@ -192,7 +195,16 @@ def cmd_distill(args, p) -> int:
     cfg = DistillConfig(args.model, args.out, args.num_prompts, args.batch_size, args.max_new_tokens,
                         args.temperatures, args.seed, args.max_prompt_tokens)
     model, tokenizer = _target(args)
-    generate_answers(model, tokenizer, cfg, progress=not args.no_progress)
+    room = model.config.max_position_embeddings
+    if args.max_prompt_tokens + args.max_new_tokens > room:
+        raise UsageError(f"--max-prompt-tokens {args.max_prompt_tokens} + --max-new-tokens {args.max_new_tokens} "
+                         f"exceeds the model's max_position_embeddings {room}")
+    from specjax.memory import BatchTooLarge
+
+    try:
+        generate_answers(model, tokenizer, cfg, progress=not args.no_progress)
+    except BatchTooLarge as e:  # refused before the first batch is allocated
+        raise UsageError(f"--batch-size {args.batch_size}: {e}") from None
     return 0 if args.no_features else cmd_features(args, p, model)
 
 
@@ -221,11 +233,17 @@ def _target(args):
         raise UsageError(f"cannot load --model {args.model}: {e}") from None
 
 
+PROMPT_ROOM = 32  # positions kept for `evaluate`'s prompts (a few tokens each)
+
+
 def cmd_evaluate(args, p) -> int:
     from specjax.train.evaluate import report
 
     for path in args.config:  # each config read (and refused) before any run is evaluated
-        _read_config(path)
+        room = _read_config(path).model.max_position_embeddings - PROMPT_ROOM
+        if args.new_tokens > room:
+            raise UsageError(f"--new-tokens {args.new_tokens} leaves no room for the prompts in {path}'s "
+                             f"max_position_embeddings (at most {room})")
     try:
         report(args.config, args.new_tokens, args.windows)
     except FileNotFoundError as e:  # a run with no checkpoint, a missing tokenizer or corpus
