@@ -32,6 +32,7 @@ __all__ = ["Constraint", "Grammar", "TokenAutomaton", "Unconstrained", "Unsuppor
            "json_schema", "per_row", "regex"]
 
 ENGINES = ("auto", "automaton", "llguidance")  # auto: the automaton where it fits, else llguidance
+MAX_AUTOMATON_SCHEMA = 512  # characters of schema text tried as an automaton
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -65,7 +66,7 @@ def json_schema(schema: dict | str, tokenizer, *, whitespace: str | None = None,
         raise UnsupportedSchema(f"a JSON schema must be an object, got {type(schema).__name__}")
     if engine == "automaton":
         return regex(schema_regex(schema, whitespace), tokenizer, vocab_size=vocab_size, engine="automaton")
-    if engine == "auto" and isinstance(schema, dict):  # the automaton where no whitespace is written
+    if engine == "auto" and _small_schema(schema):  # the automaton where no whitespace is written
         try:
             pattern = schema_regex(schema, "")
         except UnsupportedSchema:
@@ -129,6 +130,13 @@ def _automaton(pattern: str, tok, eos: tuple[int, ...], vocab_size: int) -> Toke
         transitions.setdefault(state, {}).update({e: state for e in eos})
     return TokenAutomaton.from_transitions(transitions, index.get_initial_state(), vocab_size, eos,
                                            forced_first_tokens(transitions, raw, tok, eos))
+
+
+def _small_schema(schema) -> bool:
+    """Whether a schema is small enough to try as a device automaton: a short text without
+    references (the regex of a large or recursive schema can grow exponentially)."""
+    text = json.dumps(schema)
+    return isinstance(schema, dict) and len(text) <= MAX_AUTOMATON_SCHEMA and '"$ref"' not in text
 
 
 def _check_engine(engine: str) -> None:
