@@ -93,11 +93,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--system", default=None, type=cli.text(), help="a system message (with --chat)")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
-                       help="constrain the output to JSON valid under the schema in FILE "
-                            "(needs outlines-core)")
+                       help="constrain the output to JSON valid under the schema in FILE, written in "
+                            "json.dumps spacing (needs specjax[constraints])")
     shape.add_argument("--regex", default=None, type=cli.text(), metavar="PATTERN",
                        help="constrain the output to this regular expression (no backreferences or "
-                            "lookarounds; needs outlines-core)")
+                            "lookarounds; needs specjax[constraints])")
+    shape.add_argument("--grammar", type=Path, default=None, metavar="FILE.lark",
+                       help="constrain the output to the Lark grammar in FILE (llguidance's dialect: "
+                            "`start: ...`, /regex/ terminals, %%json {schema}; needs specjax[constraints])")
 
     c = sub.add_parser("convert", help="convert a model to a specjax checkpoint or an HF folder",
                        description="Convert an HF folder, a specjax checkpoint, a .gguf file or a named model "
@@ -244,21 +247,24 @@ def _generate(args, new: list[int]) -> None:
 
 
 def _constraint(args, tokenizer):
-    """The --json-schema / --regex automaton (None without either)."""
+    """The --json-schema / --regex / --grammar constraint (None without one)."""
     import specjax as sj
 
-    flag = "--json-schema" if args.json_schema is not None else "--regex"
+    given = [(flag, value) for flag, value in (("--json-schema", args.json_schema), ("--regex", args.regex),
+                                               ("--grammar", args.grammar)) if value is not None]
+    if not given:
+        return None
+    flag, value = given[0]
     try:
-        if args.json_schema is not None:
-            return sj.constraints.json_schema(args.json_schema.read_text(), tokenizer)
-        if args.regex is not None:
-            return sj.constraints.regex(args.regex, tokenizer)
+        if flag == "--regex":
+            return sj.constraints.regex(value, tokenizer)
+        build = sj.constraints.json_schema if flag == "--json-schema" else sj.constraints.grammar
+        return build(value.read_text(), tokenizer)
     except ImportError:
-        raise UsageError("--json-schema / --regex need outlines-core: pip install 'specjax[constraints]'") from None
+        raise UsageError(f"{flag} needs llguidance and outlines-core: pip install 'specjax[constraints]'") from None
     except (ValueError, OSError) as e:  # unreadable, not UTF-8, not JSON, not compilable
-        regular = " (a regular expression: no backreferences or lookarounds)" if args.regex is not None else ""
+        regular = " (a regular expression: no backreferences or lookarounds)" if flag == "--regex" else ""
         raise UsageError(f"{flag}: {e}{regular}") from None
-    return None
 
 
 def cmd_convert(args) -> None:

@@ -143,10 +143,14 @@ def plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter: Dr
     `Unconstrained`; its EOS ids join the request's) and the cache size; with `target`, the
     drafter is checked against it. Errors name the bad argument."""
     params = sampling.SamplingParams(float(request.temperature), request.top_k, request.top_p)
-    constraint = constraints.Unconstrained() if request.constraint is None else request.constraint
+    constraint = request.constraint
+    if constraint is None:
+        constraint = constraints.Unconstrained()
+    elif isinstance(constraint, (list, tuple)):  # one a row
+        constraint = constraints.per_row(constraint)
     if not isinstance(constraint, constraints.Constraint):
-        raise TypeError(f"constraint must come from sj.constraints (json_schema, regex), got "
-                        f"{type(constraint).__name__}")
+        raise TypeError(f"constraint must come from sj.constraints (json_schema, regex, grammar), or be "
+                        f"a list of them (one a row), got {type(constraint).__name__}")
     constraint.check(config.vocab_size)
     eos = tuple(dict.fromkeys(_eos_ids(request.eos_token_id) + constraint.eos_token_ids))
     asked = DecodeSettings(request.max_new_tokens, params, eos)
@@ -242,10 +246,10 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter: Drafte
     sampling setting or EOS list compiles anew. The stats give decoding time (`wall_time_s`,
     `tokens_per_s`) without compilation, and `compile_s` apart. A model laid out on a mesh
     (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid out on the same mesh.
-    `constraint` (`sj.constraints.json_schema` / `regex`) restricts the output to its language:
-    the target's logits are masked to the allowed tokens before processing (so p is
-    renormalised over them), which keeps every exact verifier exact for the constrained
-    distribution; the constraint's EOS ids end rows."""
+    `constraint` (`sj.constraints.json_schema` / `regex` / `grammar`, or a list of them or None,
+    one a row) restricts the output to its language: the target's logits are masked to the
+    allowed tokens before processing (so p is renormalised over them), which keeps every exact
+    verifier exact for the constrained distribution; the constraint's EOS ids end rows."""
     request = Request(max_new_tokens, verifier, temperature, top_k, top_p, eos_token_id, constraint)
     key = jax.random.key(0) if key is None else key
     if isinstance(drafter, Policy):

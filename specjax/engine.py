@@ -78,7 +78,8 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
         num_out=jnp.zeros((b,), jnp.int32), budget=budget, done=budget <= 0, key=key,
         target_calls=jnp.zeros((b,), jnp.int32),
         accepted_hist=jnp.zeros((b, drafter.max_depth + 1), jnp.int32),
-        drafter_state=drafter.init(model, prompts, lengths, cache_len, pre), constraint=constraint.start(b)))
+        drafter_state=drafter.init(model, prompts, lengths, cache_len, pre),
+        constraint=constraint.start(b, settings.max_new_tokens + 2 * (drafter.max_depth + 1))))
 
 
 class StepRecord(NamedTuple):

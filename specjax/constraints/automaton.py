@@ -21,6 +21,7 @@ accepted path, because forbidden tokens have probability zero under the constrai
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +101,7 @@ class TokenAutomaton(Constraint):
             raise ValueError(f"the constraint was built for a vocabulary of {self.vocab_size} "
                              f"tokens, the model has {vocab_size}")
 
-    def start(self, batch: int) -> TokenAutomaton:
+    def start(self, batch: int, max_tokens: int = 0) -> TokenAutomaton:
         return dataclasses.replace(self, state=jnp.full((batch,), self.initial, jnp.int32))
 
     def nodes(self, tree: DraftTree | None = None, select=slice(None)) -> jax.Array:
@@ -181,3 +182,41 @@ class TokenAutomaton(Constraint):
 
 def _bucket(n: int) -> int:
     return max(8, 1 << (int(n) - 1).bit_length())
+
+
+MAX_REPEATS = 64  # a regex whose repetitions multiply to more runs on the host (llguidance)
+MAX_PATTERN = 2048
+
+
+def fits_on_device(pattern: str) -> bool:
+    """Whether `pattern`'s token automaton is small enough to build and carry on the device:
+    no unbounded repetition (a free string's state allows ~the whole vocabulary, and many of them
+    grow outlines-core's index quadratically) and at most MAX_REPEATS repetitions in all (nested
+    ones multiply). Decided from the regex's syntax, before anything is built."""
+    import re._parser as parser
+
+    if len(pattern) > MAX_PATTERN:
+        return False
+    try:
+        return _repeats(parser.parse(pattern)) <= MAX_REPEATS
+    except (re.error, RecursionError, OverflowError):
+        return False
+
+
+def _repeats(items) -> float:
+    import re._constants as c
+
+    total = 0.0
+    for op, arg in items:
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            low, high, inner = arg
+            if high == c.MAXREPEAT:
+                return float("inf")
+            total += high * max(1.0, _repeats(inner))
+        elif op is c.SUBPATTERN:
+            total += _repeats(arg[-1])
+        elif op is c.BRANCH:
+            total += sum(_repeats(branch) for branch in arg[1])
+        elif op in (c.ATOMIC_GROUP, c.ASSERT, c.ASSERT_NOT):
+            total += _repeats(arg[-1])
+    return total

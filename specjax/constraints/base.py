@@ -3,7 +3,7 @@
 A constraint is a pytree carried in the loop's state: the compiled language and each row's
 place in it. The engine calls, each step (all pure, shapes static):
 
-    constraint = constraint.start(batch)                 # in prefill: every row at the start
+    constraint = constraint.start(batch, max_tokens)     # in prefill: every row at the start
     nodes = constraint.nodes(tree)                       # each draft node's place (after its path)
     tree = constraint.prune(tree, nodes)                 # drop drafts that cannot be accepted
     logits = constraint.mask_logits(logits, nodes)       # the constrained target
@@ -31,8 +31,9 @@ class Constraint:
     def check(self, vocab_size: int) -> None:
         """Raise if this constraint cannot serve a model of `vocab_size` tokens (host-side)."""
 
-    def start(self, batch: int) -> Constraint:
-        """This constraint with each of `batch` rows at its start (traced, in prefill)."""
+    def start(self, batch: int, max_tokens: int = 0) -> Constraint:
+        """This constraint with each of `batch` rows at its start (traced, in prefill); a row
+        consumes at most `max_tokens` tokens."""
         return self
 
     def nodes(self, tree: DraftTree | None = None, select=slice(None)):
