@@ -66,7 +66,7 @@ def _exact_constrained_joint(target, constraint, params, n=2):
     joint = {(): 1.0}
     for _ in range(n):
         seqs = list(joint)
-        logits = np.asarray(sj.forward(target, jnp.array([PROMPT + list(s) for s in seqs]))[:, -1])
+        logits = np.array(sj.forward(target, jnp.array([PROMPT + list(s) for s in seqs]))[:, -1])
         for i, s in enumerate(seqs):
             m = start.deep_copy()
             assert m.consume_tokens(list(s)) if s else True

@@ -68,8 +68,8 @@ class Matchers:
         _LIVE[self.handle] = self
 
     def matcher(self, row: int, consumed: np.ndarray):
-        """Row `row`'s matcher after `consumed` (None: the row is unconstrained). An EOS token
-        ends the row: it is checked (the grammar must be complete there), not consumed."""
+        """Row `row`'s matcher after `consumed` (None: the row is unconstrained or has ended). An
+        EOS token ends the row: it is checked (the grammar must be complete there), not consumed."""
         start = self.grammars[0 if self.every_row else row] if self.every_row or row < len(self.grammars) else None
         if start is None:
             return None
@@ -83,7 +83,7 @@ class Matchers:
             raise RuntimeError(f"row {row} committed a token its grammar forbids: "
                                f"{_first_line(matcher.get_error() or 'an early end')}")
         self._memo[row] = (matcher, tokens if end == len(new) else seen + new[: end + 1])
-        return matcher
+        return None if self._memo[row][1] and self._memo[row][1][-1] in self.eos else matcher
 
     def tree_masks(self, consumed, count, tokens, paths, depth, valid):
         """(uint32[B, N, W] masks, bool[B, N] alive) after each node's path; see the module."""
