@@ -90,12 +90,23 @@ class Matchers:
         b, n = tokens.shape
         masks = np.full((b, n, self.words), 0xFFFFFFFF, np.uint32)
         alive = np.ones((b, n), bool)
+        done: dict[bytes, int] = {}  # rows with the same grammar, place and tree share one walk
         with self._lock:
             for r in range(b):
+                key = self._row_key(r, consumed[r, : count[r]], tokens[r], paths[r], valid[r])
+                if key in done:
+                    masks[r], alive[r] = masks[done[key]], alive[done[key]]
+                    continue
+                done[key] = r
                 matcher = self.matcher(r, consumed[r, : count[r]])
                 if matcher is not None:
                     self._walk(matcher, tokens[r], paths[r], depth[r], valid[r], masks[r], alive[r])
         return masks, alive
+
+    def _row_key(self, row: int, *arrays) -> bytes:
+        """What a row's answer depends on: its grammar, its consumed tokens and its tree."""
+        grammar = 0 if self.every_row else (row if row < len(self.grammars) else -1)
+        return b"|".join([str(grammar).encode()] + [np.ascontiguousarray(a).tobytes() for a in arrays])
 
     def _walk(self, matcher, tokens, paths, depth, valid, masks, alive):
         """Fill one row's masks and alive flags, visiting its nodes in depth-first order; the
@@ -138,8 +149,14 @@ class Matchers:
         place, stopped before an EOS token."""
         b = consumed.shape[0]
         out, k = np.zeros((b, n), np.int32), np.zeros((b,), np.int32)
+        done: dict[bytes, int] = {}
         with self._lock:
             for r in range(b):
+                key = self._row_key(r, consumed[r, : count[r]])
+                if key in done:
+                    out[r], k[r] = out[done[key]], k[done[key]]
+                    continue
+                done[key] = r
                 matcher = self.matcher(r, consumed[r, : count[r]])
                 if matcher is None or matcher.is_stopped():
                     continue
@@ -157,5 +174,7 @@ def lookup(handle: int) -> Matchers:
                            "object returned by sj.constraints.* alive while decoding") from None
 
 
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "unknown error"
+def _first_line(message: str, limit: int = 300) -> str:
+    """llguidance's (multi-line) error as one line: its lines joined, cut at `limit` characters."""
+    text = " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+    return (text if len(text) <= limit else text[: limit - 3] + "...") or "unknown error"
