@@ -22,7 +22,8 @@ are the sample, and the first schemas of it that compiled are the decode subset.
    that ended are checked with `jsonschema` (formats apart); cut-off ones are counted apart.
 3. masks: the host's per-step work (`Matchers.tree_masks`, `Matchers.forced`) timed directly,
    stepping along each constrained AR output of part 2 (every position; batch 8: eight rows at
-   eight places of it), against SmolLM2's AR step measured in the same run.
+   eight places of it), against SmolLM2's AR step measured in the same run, unconstrained and
+   under a grammar allowing every text (the loop's own cost of a constraint, end to end).
 
 Results are saved after every schema (--resume goes on from them) to OUT/results.json, the
 tables to OUT/results.md.
@@ -356,7 +357,7 @@ def mask_cost(grammar, output: list[int], batch: int, nodes: int) -> dict[str, l
             else:
                 host.tree_masks(consumed, count, tokens, np.broadcast_to(paths[:, :n, :n], (batch, n, n)),
                                 np.broadcast_to(depth[:, :n], (batch, n)), valid)
-            times.append(1000 * (time.perf_counter() - start))
+            times.append(round(1000 * (time.perf_counter() - start), 3))
         out[name] = times
     return out
 
@@ -433,6 +434,18 @@ def mask_table(masks: dict, step_ms: dict) -> str:
     return "\n".join(lines)
 
 
+def dumps(doc: dict) -> str:
+    """JSON with a line per schema of each section (small, and greppable by schema)."""
+    parts = []
+    for name, value in doc.items():
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items())
+            parts.append(f" {json.dumps(name)}: {{\n{rows}\n }}")
+        else:
+            parts.append(f" {json.dumps(name)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
 # ---- the run -----------------------------------------------------------------------------------------
 
 def main() -> int:
@@ -472,8 +485,8 @@ def main() -> int:
     from specjax.bench.report import machine  # imports jax: after the worker's branch
 
     def save():
-        path.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "config": config, "machine": machine(),
-                                    "load_average": os.getloadavg(), **results}, indent=1))
+        path.write_text(dumps({"command": " ".join(["python", *sys.argv]), "config": config, "machine": machine(),
+                               "load_average": os.getloadavg(), **results}))
 
     if "compile" in args.parts:
         with open(out / "compile-worker.log", "a") as log:
