@@ -40,11 +40,12 @@ def exact_joint(target, params: SamplingParams, n=2, prompt=PROMPT):
     return joint / joint.sum()
 
 
-def sampled_joint(target, drafter, verifier, params, n=2, calls=4, prompt=PROMPT, **generate_kwargs):
-    """Counts of the first n new tokens over SAMPLES generations from `prompt` (generate_kwargs:
+def sampled_joint(target, drafter, verifier, params, n=2, calls=4, prompt=PROMPT, samples=SAMPLES,
+                  **generate_kwargs):
+    """Counts of the first n new tokens over `samples` generations from `prompt` (generate_kwargs:
     e.g. a constraint)."""
     counts = np.zeros(V ** n)
-    per_call = SAMPLES // calls
+    per_call = samples // calls
     for c in range(calls):
         out = sj.generate(target, np.tile(prompt, (per_call, 1)), max_new_tokens=n, drafter=drafter,
                           verifier=verifier, temperature=params.temperature, top_k=params.top_k,

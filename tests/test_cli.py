@@ -152,7 +152,8 @@ def test_ctrl_c_while_streaming_prints_what_came_and_exits_130():
 
     prompt = "def parse_args(argv):"
     p = subprocess.Popen([sys.executable, "-m", "specjax", "generate", "--prompt", prompt, "--max-new-tokens",
-                          "2000", "--drafter", "ar"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # ~the context
+                          "2000", "--drafter", "ar"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,  # ~the context
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a test worker ignores it
     out = b""
     while len(out) < len(prompt) + 20:  # the echo and a few tokens
         out += os.read(p.stdout.fileno(), 4096)

@@ -48,6 +48,7 @@ VALID = {
     "model": lambda f: ["tiny", str(f["tiny"])],
     "draft": lambda f: ["tiny-draft"],
     "json_schema": lambda f: [str(f["schema.json"])],
+    "grammar": lambda f: [str(f["answer.lark"])],
     "regex": lambda f: ["[0-9]+", "(ab|c)*d?", "x"],
     "prompt": lambda f: ["x = ", "def f(a):", "é ✓ 日本"],
     "system": lambda f: ["Be brief."],
@@ -113,6 +114,8 @@ def files(tmp_path_factory, code_corpus):
     (f["truncated"] / "tokenizer.json").write_text((resolve("tiny") / "tokenizer.json").read_text()[:500])
     f["schema.json"] = root / "schema.json"
     f["schema.json"].write_text('{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    f["answer.lark"] = root / "answer.lark"
+    f["answer.lark"].write_text('start: "Answer: " /(yes|no)/\n')
     f["bad.json"] = root / "bad.json"
     f["bad.json"].write_text('{"type": "object", "properties": ')
     f["prompts.jsonl"] = root / "prompts.jsonl"

@@ -87,10 +87,11 @@ def test_sampled_law_is_the_constrained_law_and_masks_off_their_paths_are_caught
     constraint = sj.constraints.regex("(a|c)[abcd]*", _six_token_tokenizer(), engine="llguidance")
     params = SamplingParams(1.0)
     exact = _exact_constrained_joint(target, constraint, params)
-    for drafter in (sj.drafters.Forced(sj.drafters.PromptLookup(), max_forced=2),  # TopK
-                    sj.drafters.Forced(sj.drafters.DraftModel(draft, k=2), max_forced=2)):  # chain
-        counts = sampled_joint(target, drafter, None, params, constraint=constraint)
-        assert chi_square_pvalue(counts, exact) > 1e-3, drafter.name
+    # the host's masks serve every rule alike (the verifiers' exactness is tested without a
+    # constraint): one exact rule here, speculative sampling on a chain, and half the samples
+    drafter = sj.drafters.Forced(sj.drafters.DraftModel(draft, k=2), max_forced=2)
+    counts = sampled_joint(target, drafter, None, params, constraint=constraint, samples=12_000, calls=2)
+    assert chi_square_pvalue(counts, exact) > 1e-3
 
     def root_mask_everywhere(self, matcher, tokens, paths, depth, valid, masks, alive):
         matcher.unsafe_compute_mask_ptr(masks[0].ctypes.data, masks[0].nbytes)
@@ -100,7 +101,7 @@ def test_sampled_law_is_the_constrained_law_and_masks_off_their_paths_are_caught
     # drawn at a tree node, under the root's mask (a, c, ab) instead of its own
     monkeypatch.setattr(matchers.Matchers, "_walk", root_mask_everywhere)  # runs at call time: no retrace
     itself = sj.drafters.Forced(sj.drafters.DraftModel(target, k=2), max_forced=2)
-    counts = sampled_joint(target, itself, None, params, constraint=constraint)
+    counts = sampled_joint(target, itself, None, params, constraint=constraint, samples=12_000, calls=2)
     assert chi_square_pvalue(counts, exact) < 1e-6
 
 
