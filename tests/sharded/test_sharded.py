@@ -184,3 +184,23 @@ def test_sharded_training_equals_one_device(code_corpus, tmp_path):
     for a, b, c in zip(*(jax.tree.leaves(p) for p in (got["params"], exported, want["params"]))):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-4, atol=1e-6)
+
+
+def test_sharded_grammar_constraint_equals_one_device():
+    """A host grammar (llguidance through a callback) under a mesh: the batch split over 'data',
+    the same tokens as on one device, every row in the language."""
+    import re
+
+    model, tok = sj.load("tiny"), sj.load_tokenizer("tiny")
+    record = r'\{"id": [0-9]{1,3}, "name": "[a-z]+"\}'  # unbounded: the host engine
+    constraint = sj.constraints.regex(record, tok)
+    assert not constraint.on_device
+    prompts = [tok.encode("The record:"), tok.encode("x = "), tok.encode("def f():")]
+    drafter = sj.drafters.Forced(PromptLookup())
+    want = sj.generate(model, prompts, max_new_tokens=24, constraint=constraint, drafter=drafter)
+    got = sj.generate(sj.shard(model, mesh(8, 1)), prompts, max_new_tokens=24, constraint=constraint, drafter=drafter)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    ended = [(row, n) for row, n in zip(got.tokens, got.num_tokens) if row[n - 1] in tok.eos_token_ids]
+    assert ended  # the short record ends within 24 tokens
+    for row, n in ended:
+        assert re.fullmatch(record, tok.decode(row[: n - 1])), tok.decode(row[:n])
