@@ -68,9 +68,9 @@ def _exact_constrained_joint(target, constraint, params, n=2):
         seqs = list(joint)
         logits = np.array(sj.forward(target, jnp.array([PROMPT + list(s) for s in seqs]))[:, -1])
         for i, s in enumerate(seqs):
-            m = start.deep_copy()
             if joint[s] == 0:  # a prefix the grammar forbids: its row carries no mass
                 continue
+            m = start.deep_copy()
             assert m.consume_tokens(list(s)) if s else True
             bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), np.uint8), bitorder="little")[:V]
             logits[i, bits == 0] = -np.inf

@@ -48,7 +48,7 @@ def compile_grammar(grammar: str, tokenizer, what: str):
 
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
     if matcher.is_error():
-        raise UnsupportedSchema(f"cannot compile {what}: {_first_line(matcher.get_error())}")
+        raise UnsupportedSchema(f"cannot compile {what}: {_one_line(matcher.get_error())}")
     return matcher
 
 
@@ -67,10 +67,15 @@ class Matchers:
         self._lock = threading.Lock()
         _LIVE[self.handle] = self
 
+    def _grammar(self, row: int) -> int | None:
+        """The index in `grammars` of row `row`'s grammar (None: a row past the list)."""
+        return 0 if self.every_row else row if row < len(self.grammars) else None
+
     def matcher(self, row: int, consumed: np.ndarray):
         """Row `row`'s matcher after `consumed` (None: the row is unconstrained or has ended). An
         EOS token ends the row: it is checked (the grammar must be complete there), not consumed."""
-        start = self.grammars[0 if self.every_row else row] if self.every_row or row < len(self.grammars) else None
+        index = self._grammar(row)
+        start = None if index is None else self.grammars[index]
         if start is None:
             return None
         tokens = consumed.tolist()
@@ -81,32 +86,34 @@ class Matchers:
         end = next((j for j, t in enumerate(new) if t in self.eos), len(new))
         if new[:end] and not matcher.consume_tokens(new[:end]) or end < len(new) and not matcher.is_accepting():
             raise RuntimeError(f"row {row} committed a token its grammar forbids: "
-                               f"{_first_line(matcher.get_error() or 'an early end')}")
-        self._memo[row] = (matcher, tokens if end == len(new) else seen + new[: end + 1])
-        return None if self._memo[row][1] and self._memo[row][1][-1] in self.eos else matcher
+                               f"{_one_line(matcher.get_error() or 'an early end')}")
+        seen = tokens if end == len(new) else seen + new[: end + 1]  # nothing counts past an EOS
+        self._memo[row] = (matcher, seen)
+        return None if seen and seen[-1] in self.eos else matcher
 
     def tree_masks(self, consumed, count, tokens, paths, depth, valid):
         """(uint32[B, N, W] masks, bool[B, N] alive) after each node's path; see the module."""
         b, n = tokens.shape
         masks = np.full((b, n, self.words), 0xFFFFFFFF, np.uint32)
         alive = np.ones((b, n), bool)
-        done: dict[bytes, int] = {}  # rows with the same grammar, place and tree share one walk
-        with self._lock:
-            for r in range(b):
-                key = self._row_key(r, consumed[r, : count[r]], tokens[r], paths[r], valid[r])
-                if key in done:
-                    masks[r], alive[r] = masks[done[key]], alive[done[key]]
+        places = [consumed[r, : count[r]] for r in range(b)]
+        with self._lock:  # rows with the same grammar, place and tree share one walk
+            for r, first in enumerate(self._first_alike(places, tokens, paths, valid)):
+                if first < r:
+                    masks[r], alive[r] = masks[first], alive[first]
                     continue
-                done[key] = r
-                matcher = self.matcher(r, consumed[r, : count[r]])
+                matcher = self.matcher(r, places[r])
                 if matcher is not None:
                     self._walk(matcher, tokens[r], paths[r], depth[r], valid[r], masks[r], alive[r])
         return masks, alive
 
-    def _row_key(self, row: int, *arrays) -> bytes:
-        """What a row's answer depends on: its grammar, its consumed tokens and its tree."""
-        grammar = 0 if self.every_row else (row if row < len(self.grammars) else -1)
-        return b"|".join([str(grammar).encode()] + [np.ascontiguousarray(a).tobytes() for a in arrays])
+    def _first_alike(self, *per_row) -> list[int]:
+        """For each row, the first row with the same grammar and the same `per_row` arrays (the
+        row itself if none before it): rows that must get the same answer."""
+        first: dict[bytes, int] = {}
+        keys = (b"|".join([str(self._grammar(r)).encode()] + [np.ascontiguousarray(a[r]).tobytes() for a in per_row])
+                for r in range(len(per_row[0])))
+        return [first.setdefault(key, r) for r, key in enumerate(keys)]
 
     def _walk(self, matcher, tokens, paths, depth, valid, masks, alive):
         """Fill one row's masks and alive flags, visiting its nodes in depth-first order; the
@@ -149,15 +156,13 @@ class Matchers:
         place, stopped before an EOS token."""
         b = consumed.shape[0]
         out, k = np.zeros((b, n), np.int32), np.zeros((b,), np.int32)
-        done: dict[bytes, int] = {}
+        places = [consumed[r, : count[r]] for r in range(b)]
         with self._lock:
-            for r in range(b):
-                key = self._row_key(r, consumed[r, : count[r]])
-                if key in done:
-                    out[r], k[r] = out[done[key]], k[done[key]]
+            for r, first in enumerate(self._first_alike(places)):
+                if first < r:
+                    out[r], k[r] = out[first], k[first]
                     continue
-                done[key] = r
-                matcher = self.matcher(r, consumed[r, : count[r]])
+                matcher = self.matcher(r, places[r])
                 if matcher is None or matcher.is_stopped():
                     continue
                 fixed = list(itertools.takewhile(lambda t: t not in self.eos, matcher.compute_ff_tokens()))[:n]
@@ -174,7 +179,7 @@ def lookup(handle: int) -> Matchers:
                            "object returned by sj.constraints.* alive while decoding") from None
 
 
-def _first_line(message: str, limit: int = 300) -> str:
+def _one_line(message: str, limit: int = 300) -> str:
     """llguidance's (multi-line) error as one line: its lines joined, cut at `limit` characters."""
     text = " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
     return (text if len(text) <= limit else text[: limit - 3] + "...") or "unknown error"
