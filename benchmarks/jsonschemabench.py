@@ -24,6 +24,10 @@ are the sample, and the first schemas of it that compiled are the decode subset.
    stepping along each constrained AR output of part 2 (every position; batch 8: eight rows at
    eight places of it), against SmolLM2's AR step measured in the same run, unconstrained and
    under a grammar allowing every text (the loop's own cost of a constraint, end to end).
+4. batch: per --batch-categories, its first --batch compiled schemas whose prompt fits
+   --batch-max-prompt-tokens decoded together, one a row, each under its own constraint (a
+   list), by the methods of part 2; per row compliance, spec == AR and AR == part 2's batch-1
+   output, and the batch's tokens/s.
 
 Results are saved after every schema (--resume goes on from them) to OUT/results.json, the
 tables to OUT/results.md.
@@ -268,38 +272,76 @@ def prompt_text(schema) -> str:
     return f"{INSTRUCTION}\nThe JSON schema:\n{json.dumps(schema)}"
 
 
-def decode(model, tok, schema, grammar, max_new_tokens: int, repeats: int, rng) -> dict:
-    """One schema decoded by every method (see the module); per method its output and timing."""
+def timed(model, prompts: list, constraint, max_new_tokens: int, repeats: int, rng, eos: list[int]):
+    """Every method on `prompts` (constraint: a Grammar, or a list of them, one a row): a first
+    call each (it compiles; its output is the one checked), then `repeats` rounds in random
+    order. Returns ({method: the first call's output}, {method: its fastest tokens/s})."""
     import jax
 
     import specjax as sj
 
-    ids = tok.chat([{"role": "user", "content": prompt_text(schema)}])
-    eos = list(tok.eos_token_ids)
     drafters = {"constrained-ar": None, "constrained-spec": sj.drafters.Forced(sj.drafters.PromptLookup()),
                 "unconstrained-ar": None}
-    calls = {m: lambda m=m: sj.generate(model, [ids], max_new_tokens=max_new_tokens, drafter=drafters[m],
+    calls = {m: lambda m=m: sj.generate(model, prompts, max_new_tokens=max_new_tokens, drafter=drafters[m],
                                         eos_token_id=eos, key=jax.random.key(0),
-                                        constraint=None if m == "unconstrained-ar" else grammar)
+                                        constraint=None if m == "unconstrained-ar" else constraint)
              for m in METHODS}
     first = {m: call() for m, call in calls.items()}
     best = {m: out.stats.tokens_per_s for m, out in first.items()}
     for _ in range(repeats):
         for m in rng.permutation(METHODS):
             best[m] = max(best[m], calls[m]().stats.tokens_per_s)
+    return first, best
+
+
+def checked(out, row: int, tok, schema, eos: list[int]) -> dict:
+    """Row `row` of a generate output: its tokens and text, and its compliance with `schema`
+    where it ended (a cut-off output is counted apart)."""
+    tokens = out.tokens[row, :int(out.num_tokens[row])].tolist()
+    ended = bool(tokens) and tokens[-1] in eos
+    text = tok.decode(tokens, skip_special_tokens=True)
+    status, why = validity(text, schema) if ended else ("cut off", "")
+    return {"tokens": tokens, "new_tokens": len(tokens), "compliance": status, "why": why,
+            "format_errors": format_errors(text, schema) if status == "valid" else [], "output": text[:4000]}
+
+
+def same_start(a: list[int], b: list[int]) -> bool:
+    """Whether two outputs agree over the shorter (decodes capped at different lengths)."""
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def chat_ids(tok, schema) -> list[int]:
+    return tok.chat([{"role": "user", "content": prompt_text(schema)}])
+
+
+def decode(model, tok, schema, grammar, max_new_tokens: int, repeats: int, rng) -> dict:
+    """One schema decoded by every method (see the module); per method its output and timing."""
+    ids, eos = chat_ids(tok, schema), list(tok.eos_token_ids)
+    first, best = timed(model, [ids], grammar, max_new_tokens, repeats, rng, eos)
     row = {"prompt_tokens": len(ids)}
     for m in METHODS:
-        out = first[m]
-        tokens = out.tokens[0, :int(out.num_tokens[0])].tolist()
-        ended = bool(tokens) and tokens[-1] in eos
-        text = tok.decode(tokens, skip_special_tokens=True)
-        status, why = validity(text, schema) if ended else ("cut off", "")
-        row[m] = {"tokens": tokens, "new_tokens": len(tokens), "compliance": status, "why": why,
-                  "format_errors": format_errors(text, schema) if status == "valid" else [],
-                  "tau": out.stats.tau, "tokens_per_s": best[m], "output": text[:4000]}
+        row[m] = {**checked(first[m], 0, tok, schema, eos), "tau": first[m].stats.tau, "tokens_per_s": best[m]}
     row["spec_equals_ar"] = row["constrained-spec"]["tokens"] == row["constrained-ar"]["tokens"]
     row["spec_speedup"] = best["constrained-spec"] / best["constrained-ar"]
     return row
+
+
+def decode_batch(model, tok, schemas: dict, grammars: list, max_new_tokens: int, repeats: int, rng) -> dict:
+    """Schemas {key: schema} decoded together, one a row of one batch, each row under its own
+    constraint (a list); per method each row's output and the batch's tokens/s (every row's new
+    tokens over the call's time)."""
+    ids, eos = [chat_ids(tok, s) for s in schemas.values()], list(tok.eos_token_ids)
+    first, best = timed(model, ids, list(grammars), max_new_tokens, repeats, rng, eos)
+    result = {"schemas": list(schemas), "prompt_tokens": [len(i) for i in ids]}
+    for m in METHODS:
+        stats = first[m].stats
+        result[m] = {"rows": [checked(first[m], r, tok, s, eos) for r, s in enumerate(schemas.values())],
+                     "tau": stats.tau, "steps": stats.target_calls, "tokens_per_s": best[m]}
+    result["spec_equals_ar"] = [s["tokens"] == a["tokens"] for s, a in
+                                zip(result["constrained-spec"]["rows"], result["constrained-ar"]["rows"])]
+    result["spec_speedup"] = best["constrained-spec"] / best["constrained-ar"]
+    return result
 
 
 # ---- 3. per-step mask cost --------------------------------------------------------------------------
@@ -415,6 +457,29 @@ def decode_table(decoded: dict) -> str:
     return "\n".join(lines)
 
 
+def batch_table(batched: dict) -> str:
+    lines = ["| category | rows | constrained AR: valid / invalid / cut off / unchecked | spec: valid / invalid / cut off "
+             "| spec = AR (rows) | AR batch 8 = batch 1 (rows decoded at both) | unconstrained: valid / invalid / cut off "
+             "| tokens/s c-AR / spec / u-AR (the batch) | spec tau | spec over c-AR |", "|---|---|---|---|---|---|---|---|---|---|"]
+    every = list(batched.values())
+    for category, runs in [(c, [batched[c]]) for c in CATEGORIES if c in batched] + [("all", every)]:
+        rows = {m: [r for run in runs for r in run[m]["rows"]] for m in METHODS}
+
+        def counts(m, kinds=("valid", "invalid", "cut off", "unchecked")):
+            return " / ".join(str(sum(r["compliance"] == k for r in rows[m])) for k in kinds)
+
+        same = [x for run in runs for x in run["spec_equals_ar"]]
+        b1 = [x for run in runs for x in run["ar_equals_batch1"] if x is not None]
+        speed = " / ".join(f"{_median([run[m]['tokens_per_s'] for run in runs]):.1f}" for m in METHODS)
+        name = f"**{category}** (median of batches)" if category == "all" else category
+        lines.append(f"| {name} | {len(rows['constrained-ar'])} | {counts('constrained-ar')} "
+                     f"| {counts('constrained-spec', ('valid', 'invalid', 'cut off'))} | {sum(same)}/{len(same)} "
+                     f"| {sum(b1)}/{len(b1)} | {counts('unconstrained-ar', ('valid', 'invalid', 'cut off'))} | {speed} "
+                     f"| {_median([run['constrained-spec']['tau'] for run in runs]):.2f} "
+                     f"| {_median([run['spec_speedup'] for run in runs]):.2f}x |")
+    return "\n".join(lines)
+
+
 def mask_table(masks: dict, step_ms: dict) -> str:
     calls = list(next(iter(masks.values()))["b1"])  # ar, chain<N>, forced
     lines = ["| category | schemas (steps) | " + " | ".join(f"{c} b{b} median / p90 (ms)" for b in (1, 8) for c in calls)
@@ -454,12 +519,17 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/structured-real", help="folder for results.json and results.md")
     ap.add_argument("--per-category", type=int, default=30, help="schemas sampled per category")
     ap.add_argument("--decode-per-category", type=int, default=3, help="compiled schemas decoded per category")
-    ap.add_argument("--parts", nargs="+", default=["compile", "decode", "masks"], choices=["compile", "decode", "masks"])
+    ap.add_argument("--parts", nargs="+", default=["compile", "decode", "masks", "batch"],
+                    choices=["compile", "decode", "masks", "batch"])
     ap.add_argument("--memory-gb", type=float, default=4.0, help="a compile worker's address-space cap")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds a compile may take")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--max-prompt-tokens", type=int, default=2048, help="longer prompts (big schemas) are not decoded")
     ap.add_argument("--repeats", type=int, default=1, help="timed decode rounds after the compiling one")
+    ap.add_argument("--batch", type=int, default=8, help="rows of the batch part: that many schemas of a category")
+    ap.add_argument("--batch-categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES,
+                    help="categories the batch part decodes (one batch each)")
+    ap.add_argument("--batch-max-prompt-tokens", type=int, default=512, help="longer prompts are left out of a batch")
     ap.add_argument("--mask-nodes", type=int, default=8, help="nodes of the chain tree the masks are timed on")
     ap.add_argument("--resume", action="store_true", help="keep the schemas OUT/results.json already has")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -478,8 +548,9 @@ def main() -> int:
     path = out / "results.json"
     config = {"seed": SEED, "per_category": args.per_category, "data_revision": data.revision, "model": MODEL,
               "memory_gb": args.memory_gb, "time_limit_s": args.time_limit, "max_new_tokens": args.max_new_tokens,
-              "max_prompt_tokens": args.max_prompt_tokens, "repeats": args.repeats, "mask_nodes": args.mask_nodes}
-    results = {"compile": {}, "decode": {}, "masks": {}, "ar_step_ms": {}}
+              "max_prompt_tokens": args.max_prompt_tokens, "repeats": args.repeats, "mask_nodes": args.mask_nodes,
+              "batch": args.batch, "batch_max_prompt_tokens": args.batch_max_prompt_tokens}
+    results = {"compile": {}, "decode": {}, "masks": {}, "ar_step_ms": {}, "batch": {}}
     if args.resume and path.exists():
         results.update({k: v for k, v in json.loads(path.read_text()).items() if k in results})
     from specjax.bench.report import machine  # imports jax: after the worker's branch
@@ -505,18 +576,18 @@ def main() -> int:
                 compiler.close()
         print(compile_table(results["compile"]), flush=True)
 
-    if {"decode", "masks"} & set(args.parts):
+    if {"decode", "masks", "batch"} & set(args.parts):
         import specjax as sj
 
         model, tok = sj.load(MODEL), sj.load_tokenizer(MODEL)
         rng = np.random.default_rng(SEED)
         grammars, decoded = {}, {c: 0 for c in CATEGORIES}
-        for category, name in items:  # the first compiled schemas of each category whose prompt fits
+        for category, name in items if {"decode", "masks"} & set(args.parts) else ():  # the first compiled schemas of each category whose prompt fits
             k = key(category, name)
             if results["compile"].get(k, {}).get("status") != "compiled" or decoded[category] >= args.decode_per_category:
                 continue
             schema = json.loads(data.text(category, name))
-            prompt = len(tok.chat([{"role": "user", "content": prompt_text(schema)}]))
+            prompt = len(chat_ids(tok, schema))
             if prompt > args.max_prompt_tokens:
                 results["decode"][k] = {"skipped": f"prompt of {prompt} tokens"}
                 print(f"decode  {k:40s} skipped: prompt of {prompt} tokens", flush=True)
@@ -543,12 +614,40 @@ def main() -> int:
                 print(f"masks   {k:40s} chain b1 {_median(results['masks'][k]['b1'][f'chain{args.mask_nodes}']):.2f} ms",
                       flush=True)
                 save()
+        if "batch" in args.parts:
+            for category in args.batch_categories:
+                if category in results["batch"]:
+                    continue
+                chosen = {}  # the first compiled schemas of the category whose prompt fits
+                for c, name in items:
+                    if c == category and results["compile"].get(key(c, name), {}).get("status") == "compiled":
+                        schema = json.loads(data.text(c, name))
+                        if len(chosen) < args.batch and len(chat_ids(tok, schema)) <= args.batch_max_prompt_tokens:
+                            chosen[key(c, name)] = schema
+                if len(chosen) < args.batch:
+                    print(f"batch   {category:40s} skipped: {len(chosen)} compiled schemas with prompts of at most "
+                          f"{args.batch_max_prompt_tokens} tokens", flush=True)
+                    continue
+                row = decode_batch(model, tok, chosen, [sj.constraints.json_schema(s, tok, vocab_size=model.config.vocab_size)
+                                                        for s in chosen.values()], args.max_new_tokens, args.repeats, rng)
+                single = [results["decode"].get(k, {}).get("constrained-ar") for k in chosen]
+                row["ar_equals_batch1"] = [None if b1 is None else same_start(b1["tokens"], r["tokens"])
+                                           for b1, r in zip(single, row["constrained-ar"]["rows"])]
+                results["batch"][category] = row
+                print(f"batch   {category:40s} " + "  ".join(
+                    f"{m} {sum(r['compliance'] == 'valid' for r in row[m]['rows'])} valid {row[m]['tokens_per_s']:.1f}/s"
+                    for m in METHODS) + f"  spec=AR {sum(row['spec_equals_ar'])}/{args.batch} {row['spec_speedup']:.2f}x",
+                      flush=True)
+                save()
     save()
     tables = [f"Machine: {machine()}", f"Command: `{' '.join(['python', *sys.argv])}`"]
     if results["compile"]:
         tables.append("Compile:\n\n" + compile_table(results["compile"]))
     if results["decode"]:
         tables.append("Decode (greedy, batch 1):\n\n" + decode_table(results["decode"]))
+    if results["batch"]:
+        tables.append("Decode (greedy, batch 8: a category's schemas, one a row, a constraint a row):\n\n"
+                      + batch_table(results["batch"]))
     if results["masks"] and results["ar_step_ms"]:
         steps = results["ar_step_ms"]
         tables.append("Host mask cost per step; SmolLM2's AR step: " + ", ".join(

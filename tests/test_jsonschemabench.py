@@ -35,3 +35,17 @@ def test_validity():
     assert validity('{"a": "x"}', schema)[0] == "invalid"
     assert validity('{"a": 1', schema)[0] == "invalid"
     assert validity('{"a": 1}', {"$ref": "https://example.com/unreachable.json"})[0] == "unchecked"
+
+
+def test_batch_table_counts_rows():
+    def run(compliance, same, speedup):
+        rows = [{"compliance": c} for c in compliance]
+        method = {"rows": rows, "tau": 2.0, "tokens_per_s": 10.0}
+        return {"constrained-ar": method, "constrained-spec": method, "unconstrained-ar": method,
+                "spec_equals_ar": same, "ar_equals_batch1": [True, None], "spec_speedup": speedup}
+
+    table = bench["batch_table"]({"Kubernetes": run(["valid", "cut off"], [True, True], 2.0),
+                                  "Glaiveai2K": run(["valid", "invalid"], [True, False], 1.0)}).splitlines()
+    assert table[2].startswith("| Glaiveai2K | 2 | 1 / 1 / 0 / 0 | 1 / 1 / 0 | 1/2 | 1/1 |")  # the categories' order
+    assert table[4].startswith("| **all** (median of batches) | 4 | 2 / 1 / 1 / 0 | 2 / 1 / 1 | 3/4 | 2/2 |")
+    assert table[4].endswith("| 2.00 | 1.50x |")
