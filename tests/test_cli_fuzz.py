@@ -10,7 +10,8 @@ a way up; hypothesis keeps its caches there too: nothing is written outside the 
 
 A bounded number of examples per subcommand by default, the same ones each run (the suite's
 time: about a minute in all); SPECJAX_FUZZ_EXAMPLES=N runs N random ones per subcommand
-(thousands in all: N=500).
+(thousands in all: N=200; `pytest -rP` says how many each ran). The last long run:
+docs/guide/cli-fuzz.md.
 """
 
 from __future__ import annotations
@@ -268,3 +269,4 @@ def test_every_command_line_ends_in_0_or_one_error_line(main, name, sub, prefix,
         run()
     finally:
         configuration.set_hypothesis_home_dir(None)
+    print(f"{name}: {next(examples)} command lines")  # shown by pytest -rP
