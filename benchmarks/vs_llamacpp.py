@@ -5,7 +5,10 @@ row (the same token ids for both engines), warm (one generation before timing); 
 interleaved (llama.cpp, then each specjax method, per file, per repeat) and each figure is the
 least over repeats. tokens/s counts new tokens over the wall time of generation, prompt
 processing included, summed over the prompts. Needs llama-cpp-python (a benchmark-only tool:
-`CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python`, ~9 minutes to build).
+`pip install llama-cpp-python`, ~9 minutes to build; on a VM whose CPU reports AMX, build it
+with `CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+-DGGML_AVX512_VNNI=ON"`: a native build there crashed on quantized files). A Q4_0 file is made
+from the f32 one with `--make-q4_0 OUT` (llama.cpp's own quantizer).
 
     python benchmarks/vs_llamacpp.py --gguf smol-f32.gguf smol-q8_0.gguf \
         --methods ar prompt-lookup eagle --prompts chat --repeats 3
@@ -14,6 +17,7 @@ processing included, summed over the prompts. Needs llama-cpp-python (a benchmar
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -55,13 +59,29 @@ def run_specjax(gguf: str, method: str, prompts: list[list[int]], max_new: int) 
     eos = sj.load_tokenizer("smollm2").eos_token_ids
     drafter = make(method, model)
     sj.generate(model, [prompts[0]], max_new_tokens=max_new, drafter=drafter, eos_token_id=eos)
-    new, seconds, calls = 0, 0.0, 0
+    new, seconds, calls, digest = 0, 0.0, 0, hashlib.sha256()
     for ids in prompts:
         out = sj.generate(model, [ids], max_new_tokens=max_new, drafter=drafter, eos_token_id=eos)
         new += int(out.num_tokens[0])
         seconds += out.stats.wall_time_s
         calls += out.stats.target_calls
-    return {"tokens_per_s": new / seconds, "new_tokens": new, "tau": new / calls}
+        digest.update(str(out.tokens[0, :int(out.num_tokens[0])].tolist()).encode())
+    return {"tokens_per_s": new / seconds, "new_tokens": new, "tau": new / calls,
+            "digest": digest.hexdigest()}
+
+
+def make_q4_0(src: str, out: str) -> None:
+    """Write `out`, the Q4_0 quantization of the GGUF `src`, with llama.cpp's own quantizer (its
+    default mixture for the type)."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+    params.nthread = os.cpu_count()
+    if llama_cpp.llama_model_quantize(src.encode(), out.encode(), ctypes.byref(params)):
+        sys.exit(f"llama.cpp could not quantize {src}")
 
 
 def main():
@@ -73,8 +93,11 @@ def main():
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--make-q4_0", metavar="OUT", help="write a Q4_0 of the first --gguf to OUT and stop")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.make_q4_0:
+        return make_q4_0(args.gguf[0], args.make_q4_0)
     if args.child:
         engine, gguf, method = json.loads(args.child)
         prompts = prompt_ids(args.prompts, args.num_prompts)
@@ -103,12 +126,18 @@ def main():
     print(f"SmolLM2-135M-Instruct, {args.prompts} set ({args.num_prompts} prompts), batch 1, greedy, "
           f"{args.max_new_tokens} new tokens, {args.threads} threads; host: {cpu()}; "
           f"best of {args.repeats} interleaved runs\n")
-    print("| weights | engine | method | tokens/s | vs llama.cpp AR | tau |")
-    print("|---|---|---|---|---|---|")
+    fastest_llamacpp = max(best[(g, "llama.cpp", "ar")]["tokens_per_s"] for g in args.gguf)
+    print("| weights | engine | method | tokens/s | vs llama.cpp AR, same file | vs llama.cpp's fastest AR "
+          "| vs specjax AR, same file | tau | tokens = specjax AR |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for gguf, engine, method in rows:
         out, anchor = best[(gguf, engine, method)], best[(gguf, "llama.cpp", "ar")]
+        own = best.get((gguf, "specjax", "ar")) if engine == "specjax" else None
+        vs_own = f"{out['tokens_per_s'] / own['tokens_per_s']:.2f}x" if own else "-"
+        same = ("yes" if out["digest"] == own["digest"] else "**no**") if own else "-"
         print(f"| {os.path.basename(gguf)} | {engine} | {method} | {out['tokens_per_s']:.1f} | "
-              f"{out['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | {out.get('tau', 1.0):.2f} |")
+              f"{out['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | "
+              f"{out['tokens_per_s'] / fastest_llamacpp:.2f}x | {vs_own} | {out.get('tau', 1.0):.2f} | {same} |")
 
 
 if __name__ == "__main__":

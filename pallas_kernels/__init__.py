@@ -3,7 +3,9 @@ its kernels (cpu.cc through the XLA FFI, gpu.py and tpu.py in Pallas) and api.py
 for the backend)."""
 
 from pallas_kernels.matmul import matmul
-from pallas_kernels.quant_matmul import QuantizedWeight, dequantize, quantize, quantized_matmul
+from pallas_kernels.quant_matmul import (QuantizedWeight, dequantize, kernel_layout, quantize,
+                                         quantized_matmul)
 from pallas_kernels.tree_attention import tree_attention
 
-__all__ = ["QuantizedWeight", "dequantize", "matmul", "quantize", "quantized_matmul", "tree_attention"]
+__all__ = ["QuantizedWeight", "dequantize", "kernel_layout", "matmul", "quantize", "quantized_matmul",
+           "tree_attention"]

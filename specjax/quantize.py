@@ -5,12 +5,15 @@ The layer matmuls (stacked [L, K, N]) and the lm_head [E, V] become QuantizedWei
 A model with tied embeddings gets an int8 copy of the head (the embedding's transpose; int8 in
 int4 mode too, as llama.cpp's quantizers keep the output head at higher precision: at int4 it
 doubled the tiny model's logit error): the embedding itself stays float for the gather. Norms and
-biases stay as they are.
+biases stay as they are. Quantized weights are stored as this host's kernel reads them fastest
+(`pallas_kernels.kernel_layout`); checkpoints hold the row-major layout.
 """
 
 from __future__ import annotations
 
 import functools
+
+import jax
 
 import pallas_kernels
 from pallas_kernels.quant_matmul.weight import GROUP_SIZES
@@ -43,7 +46,7 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
             raise ValueError(f"{name} is already quantized")
         try:
             g = group_size if group_size is not None else largest_group(w.shape[-2], bits)
-            return pallas_kernels.quantize(w, bits, g)
+            return pallas_kernels.kernel_layout(pallas_kernels.quantize(w, bits, g))
         except ValueError as e:
             raise ValueError(f"cannot quantize {name} {tuple(w.shape)}: {e}") from None
 
@@ -56,3 +59,10 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
     if model.config.tie_word_embeddings:  # a quantized copy for the head; the gather stays float
         params["lm_head"] = one("lm_head", params["embed"].T, bits=8)
     return Model(params, model.config)
+
+
+def relayout(params, layout=pallas_kernels.kernel_layout):
+    """params with `layout` applied to every QuantizedWeight (default: this host's kernel layout;
+    `QuantizedWeight.untiled` for the portable row-major one)."""
+    quantized = lambda x: isinstance(x, pallas_kernels.QuantizedWeight)
+    return jax.tree.map(lambda x: layout(x) if quantized(x) else x, params, is_leaf=quantized)

@@ -26,6 +26,7 @@ def quantized_matmul(x, qw: QuantizedWeight, *, index=None, act_bits: int | None
     if index is not None:
         qw = qw.layer(index)
     reference.check_inputs(x, qw, act_bits)
+    qw = qw.untiled()  # the GPU / TPU kernels read the row-major layout
     if impl == "gpu" and gpu.supports(qw):
         return gpu.quantized_matmul(x, qw, act_bits=act_bits, out_dtype=out_dtype,
                                     interpret=interpret)
@@ -33,3 +34,9 @@ def quantized_matmul(x, qw: QuantizedWeight, *, index=None, act_bits: int | None
         return tpu.quantized_matmul(x, qw, act_bits=act_bits, out_dtype=out_dtype,
                                     interpret=interpret)
     return reference.quantized_matmul(x, qw, act_bits=act_bits, out_dtype=out_dtype)
+
+
+def kernel_layout(qw: QuantizedWeight) -> QuantizedWeight:
+    """qw stored as the default backend's kernel reads it fastest: the CPU kernel's column panels
+    where that kernel runs, the row-major layout elsewhere (the values are the same)."""
+    return cpu.preferred_layout(qw) if pick_impl(None, False) == "cpu" else qw.untiled()

@@ -14,9 +14,9 @@ def check_inputs(x, qw: QuantizedWeight, act_bits):
     """Raise a clear error for inputs no quantized-matmul implementation accepts."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"expected a QuantizedWeight, got {type(qw).__name__}")
-    if qw.data.ndim != 2:
+    if qw.lead_shape:
         raise ValueError(f"quantized_matmul takes one [K, N] weight; this one has leading axes "
-                         f"{qw.data.shape[:-2]} (slice the layer first)")
+                         f"{qw.lead_shape} (slice the layer first)")
     if x.ndim != 2 or x.shape[1] != qw.in_features:
         raise ValueError(f"x must be [M, K={qw.in_features}], got {x.shape}")
     if act_bits not in ACT_BITS:

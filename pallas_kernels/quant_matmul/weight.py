@@ -9,6 +9,10 @@ Keeping the planes apart (rather than interleaving neighbouring rows in a byte) 
 unpack with a shift and a mask and multiply each plane by a contiguous slice of x.
 
 Leaves may carry leading axes (a stack of layers): data [..., K/P, N], scales [..., P, K/(P g), N].
+
+With `tile` t > 0 the same values are stored in column panels of t (the CPU kernel's layout: a
+panel is one contiguous read, where a row-major [K/P, N] read strides by N for every row):
+data [..., N/t, K/P, t], scales [..., N/t, P, K/(P g), t]. `tiled` and `untiled` convert.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ GROUP_SIZES = (32, 64, 128)
 @dataclasses.dataclass(frozen=True)
 class QuantizedWeight:
     """A quantized [K, N] weight: int8 `data` [..., K/P, N], float32 `scales`
-    [..., P, K/(P*group_size), N]; `bits`, `group_size`, `in_features` (K) and
-    `out_features` (N) are static."""
+    [..., P, K/(P*group_size), N] (or their column panels, see `tile`); `bits`, `group_size`,
+    `in_features` (K), `out_features` (N) and `tile` are static."""
 
     data: jax.Array
     scales: jax.Array
@@ -36,6 +40,7 @@ class QuantizedWeight:
     group_size: int = dataclasses.field(metadata=dict(static=True))
     in_features: int = dataclasses.field(metadata=dict(static=True))
     out_features: int = dataclasses.field(metadata=dict(static=True))
+    tile: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @property
     def pack(self) -> int:
@@ -45,13 +50,46 @@ class QuantizedWeight:
     def layer(self, index) -> "QuantizedWeight":
         """Layer `index` (may be traced) of a stack [L, ...] of weights."""
         take = lambda a: jax.lax.dynamic_index_in_dim(a, index, keepdims=False)
-        return QuantizedWeight(take(self.data), take(self.scales), self.bits, self.group_size,
-                               self.in_features, self.out_features)
+        return dataclasses.replace(self, data=take(self.data), scales=take(self.scales))
+
+    @property
+    def lead_shape(self) -> tuple[int, ...]:
+        """The leading (stacked-layer) axes of the leaves."""
+        return self.data.shape[:self.data.ndim - (3 if self.tile else 2)]
+
+    def tiled(self, tile: int) -> "QuantizedWeight":
+        """The same weight stored in column panels of `tile` (which must divide N; 0: row-major)."""
+        if tile == self.tile:
+            return self
+        if self.tile:
+            return self.untiled().tiled(tile)
+        if self.out_features % tile:
+            raise ValueError(f"N = {self.out_features} is not a multiple of the tile {tile}")
+        return dataclasses.replace(self, data=_to_panels(self.data, tile, 2),
+                                   scales=_to_panels(self.scales, tile, 3), tile=tile)
+
+    def untiled(self) -> "QuantizedWeight":
+        """The same weight in the row-major layout (data [..., K/P, N])."""
+        if not self.tile:
+            return self
+        return dataclasses.replace(self, data=_from_panels(self.data, 2),
+                                   scales=_from_panels(self.scales, 3), tile=0)
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The logical shape [..., K, N] of the weight."""
-        return (*self.data.shape[:-2], self.in_features, self.out_features)
+        return (*self.lead_shape, self.in_features, self.out_features)
+
+
+def _to_panels(a, tile: int, trailing: int):
+    """[..., *inner, N] (`trailing` = 1 + len(inner)) -> [..., N/tile, *inner, tile]."""
+    return jnp.moveaxis(a.reshape(*a.shape[:-1], -1, tile), -2, -trailing - 1)
+
+
+def _from_panels(a, trailing: int):
+    """The inverse of _to_panels."""
+    a = jnp.moveaxis(a, -trailing - 1, -2)
+    return a.reshape(*a.shape[:-2], -1)
 
 
 def _check_format(bits: int, group_size: int, k: int):
@@ -94,6 +132,7 @@ def quantize(w, bits: int = 8, group_size: int = 128) -> QuantizedWeight:
 @jax.jit
 def dequantize(qw: QuantizedWeight):
     """QuantizedWeight -> float32 [..., K, N]."""
+    qw = qw.untiled()
     planes = jnp.stack(unpack(qw.data, qw.bits), axis=-3)  # [..., P, K/P, N]
     *lead, pack, rows, n = planes.shape
     g = qw.group_size

@@ -27,6 +27,7 @@ from specjax.constraints.forced_text import forced_first_tokens
 from specjax.constraints.grammar import Grammar, host_grammar
 from specjax.constraints.json_schema import UnsupportedSchema, schema_regex
 from specjax.constraints.vocabulary import outlines_vocabulary, token_bytes
+from specjax.json_text import json_object
 
 __all__ = ["Constraint", "Grammar", "TokenAutomaton", "Unconstrained", "UnsupportedSchema", "grammar",
            "json_schema", "per_row", "regex"]
@@ -57,13 +58,7 @@ def json_schema(schema: dict | str, tokenizer, *, whitespace: str | None = None,
     import llguidance
 
     _check_engine(engine)
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise UnsupportedSchema(f"the schema is not valid JSON: {e}") from None
-    if not isinstance(schema, (dict, bool)):
-        raise UnsupportedSchema(f"a JSON schema must be an object, got {type(schema).__name__}")
+    schema = json_object(schema, "the schema", UnsupportedSchema, kinds=(dict, bool))
     if engine == "automaton":
         return regex(schema_regex(schema, whitespace), tokenizer, vocab_size=vocab_size, engine="automaton")
     if engine == "auto" and _small_schema(schema):  # the automaton where no whitespace is written

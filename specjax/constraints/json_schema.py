@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 
+from specjax.json_text import json_object
+
 # keywords outlines-core accepts but does not enforce: refused rather than silently dropped
 _IGNORED = ("multipleOf", "uniqueItems", "patternProperties", "minProperties", "maxProperties",
             "dependentRequired", "dependentSchemas", "contains", "minContains", "maxContains",
@@ -27,13 +29,7 @@ def schema_regex(schema: dict | str, whitespace: str | None = None) -> str:
     """The regular expression of a JSON schema (a dict or JSON text)."""
     from outlines_core.json_schema import build_regex_from_schema
 
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise UnsupportedSchema(f"the schema is not valid JSON: {e}") from None
-    if not isinstance(schema, dict):
-        raise UnsupportedSchema(f"a JSON schema must be an object, got {type(schema).__name__}")
+    schema = json_object(schema, "the schema", UnsupportedSchema)
     ranges: dict[str, str] = {}
     rewritten = _rewrite(schema, "", ranges)
     try:

@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 from pallas_kernels import QuantizedWeight
 from specjax import sharding
 from specjax.models import Model, ModelConfig, RopeScaling, init_params, lm_head_weight
+from specjax.quantize import quantize, relayout
 
 CONFIG_FILE = "specjax_config.json"
 FORMAT_VERSION = 1
@@ -27,8 +28,8 @@ def save_checkpoint(model: Model, path: str | os.PathLike) -> None:
     """Write `model` to the folder `path` (created; an existing checkpoint there is replaced)."""
     folder = Path(path).absolute()
     folder.mkdir(parents=True, exist_ok=True)
-    with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(folder / "params", model.params, force=True)
+    with ocp.StandardCheckpointer() as ckpt:  # quantized weights in the portable layout
+        ckpt.save(folder / "params", relayout(model.params, QuantizedWeight.untiled), force=True)
     meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(model.config),
             "quantization": _quantization(model.params)}
     with open(folder / CONFIG_FILE, "w") as f:
@@ -51,7 +52,7 @@ def load_checkpoint(path: str | os.PathLike, mesh=None) -> Model:
     target = None if mesh is None else sharding.shardings(shapes, mesh, head_dim=config.head_dim)
     with ocp.StandardCheckpointer() as ckpt:
         params = ckpt.restore(folder / "params", sharding.abstract(shapes, target))
-    return Model(params, config)
+    return Model(params if mesh is not None else relayout(params), config)
 
 
 def _quantization(params) -> dict | None:
@@ -66,12 +67,12 @@ def _abstract_params(config: ModelConfig, quantization: dict | None):
     """The structure, shapes and dtypes to restore into (quantized weights keep their class).
     `quantization` is per leaf, or one {"mode", "group_size"} for the whole model (older files)."""
     from pallas_kernels import quantize as quantize_weight
-    from specjax.quantize import quantize
 
     def build():
         model = Model(init_params(config, jax.random.key(0)), config)
         if quantization and "mode" in quantization:
-            return quantize(model, quantization["mode"], quantization["group_size"]).params
+            return relayout(quantize(model, quantization["mode"], quantization["group_size"]).params,
+                            QuantizedWeight.untiled)
         params = jax.tree.map(lambda x: x, model.params)  # a copy to set leaves in
         for path, q in (quantization or {}).items():
             *parents, leaf = path.split("/")

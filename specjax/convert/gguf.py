@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import QuantizedWeight
+from pallas_kernels import QuantizedWeight, kernel_layout
 from specjax.models import Model, ModelConfig, RopeScaling, param_shapes
 from specjax.models.config import GEMMA, gemma_layer_types
 from specjax.models.params import LAYER, LLAMA, Param
@@ -195,8 +195,8 @@ def _quantized(tensors, config, want) -> QuantizedWeight | None:
     if bits is None or k % ((8 // bits) * 32):
         return None
     parts = [_direct(t, config, bits, k, n) for t in tensors]
-    return QuantizedWeight(jnp.asarray(np.stack([d for d, _ in parts])),
-                           jnp.asarray(np.stack([s for _, s in parts])), bits, 32, k, n)
+    return kernel_layout(QuantizedWeight(jnp.asarray(np.stack([d for d, _ in parts])),
+                                         jnp.asarray(np.stack([s for _, s in parts])), bits, 32, k, n))
 
 
 def _direct(t, config, bits: int, k: int, n: int):

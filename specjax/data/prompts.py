@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from specjax.data.corpus import list_files, read_text, resolve_root
+from specjax.json_text import json_object
 
 _DEF = re.compile(r"^(    )?def \w+\(.*\):\s*$", re.M)
 CHAT_FILE = Path(__file__).resolve().parent / "chat.jsonl"
@@ -78,12 +79,7 @@ def load_prompts(path: str | Path) -> list[dict]:
         for line_no, line in enumerate(_lines(f, path), 1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_no}: a row is a JSON object, got {type(row).__name__}")
+            row = json_object(line, f"{path}:{line_no}")
             turns, replies = row.get("turns") or [], row.get("replies") or []
             if not all(isinstance(x, list) and all(isinstance(t, str) for t in x) for x in (turns, replies)) \
                     or not isinstance(row.get("prompt") or "", str):

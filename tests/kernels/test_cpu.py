@@ -97,6 +97,23 @@ def test_quantized_matmul_equals_reference(bits, group_size, m):
     close(got, x @ dequantize(qw)[1])
 
 
+@pytest.mark.parametrize("bits,group_size", [(8, 32), (8, 128), (4, 32), (4, 64)])
+@pytest.mark.parametrize("m", [1, 5, 17])
+@pytest.mark.parametrize("tile", [64, 128])
+def test_quantized_matmul_reads_column_panels(bits, group_size, m, tile):
+    qw = quantize(normal((2, 256, 384), 3), bits, group_size)  # 6 / 3 panels over the threads
+    x = normal((m, 256), 4)
+    got = jax.jit(lambda x, qw: quantized_matmul(x, qw, index=1, impl="cpu"))(x, qw.tiled(tile))
+    close(got, x @ dequantize(qw)[1])
+    close(quantized_matmul(x, qw.tiled(tile).layer(1), impl="cpu"), got)
+
+
+def test_the_kernel_layout_is_panels_where_n_allows():
+    from pallas_kernels import kernel_layout
+    assert kernel_layout(quantize(normal((256, 384)), 8, 64)).tile == 64
+    assert kernel_layout(quantize(normal((256, 200)), 8, 64)).tile == 0  # N = 200: row-major
+
+
 def test_quantized_matmul_one_weight_and_bfloat16_out():
     qw = quantize(normal((256, 64), 3), 4, 64)
     x = normal((3, 256), 4, jnp.bfloat16)

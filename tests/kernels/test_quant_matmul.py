@@ -45,6 +45,23 @@ def test_int4_packing_round_trip_and_layout():
     np.testing.assert_array_equal(data >> 4, q[k // 2:])
 
 
+def test_column_panels_hold_the_same_weight():
+    qw = quantize(normal((3, 256, 192)), bits=4, group_size=32)
+    panels = qw.tiled(64)
+    assert panels.data.shape == (3, 3, 128, 64) and panels.scales.shape == (3, 3, 2, 4, 64)
+    assert panels.shape == qw.shape and panels.lead_shape == (3,)
+    np.testing.assert_array_equal(panels.data[:, 1, :, 5], qw.data[:, :, 69])  # column 64 + 5
+    np.testing.assert_array_equal(dequantize(panels), dequantize(qw))
+    np.testing.assert_array_equal(panels.untiled().data, qw.data)
+    np.testing.assert_array_equal(panels.tiled(32).untiled().scales, qw.scales)
+    np.testing.assert_array_equal(dequantize(panels.layer(2)), dequantize(qw)[2])
+    x = normal((3, 256), seed=1)
+    np.testing.assert_allclose(reference.quantized_matmul(x, panels.layer(0)),
+                               reference.quantized_matmul(x, qw.layer(0)), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="multiple of the tile"):
+        qw.tiled(128)
+
+
 def test_quantized_weight_is_a_stackable_scannable_pytree():
     w = normal((3, 128, 16))  # a stack of 3 layers
     qw = quantize(w, bits=4, group_size=32)
