@@ -8,9 +8,11 @@ A row holds its KV cache, its history and output, and its drafter's state (shape
 temporaries of the verify pass (the tree's logits and probabilities over the vocabulary, the
 forward's activations, copies of the drafter's state) or of the prefill (attention scores).
 Measured on the CPU (peak RSS against rows, KiB a row, the estimate in brackets): on a vocab-8
-model AR 52 (68), Token Recycling 65 (71), Lookahead 248 (262); on the tiny model (16-token
-prompts, 1,024-2,048 rows) AR 530 (666), Lookahead 793 (1,025), Token Recycling 809 (1,229),
-draft-chain 753 (792).
+model AR 52 (68), Token Recycling 65 (71), Lookahead 80 (88; 248 (262) before its trie was
+sized by the text it can hold); on the tiny model (16-token prompts, 1,024-2,048 rows) AR 530
+(666), draft-chain 753 (792), and before Lookahead's trie and Token Recycling's table were
+sized to what they read, Lookahead 793 (1,025) and Token Recycling 809 (1,229) (estimates
+now 854 and 977).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Generated command lines for every subcommand of `python -m specjax` and `python -m
-specjax.train`, made from the parsers' own option tables: valid, invalid, extreme and mixed
-values, and files that do not exist, are empty, truncated, binary or folders. Each runs in
-this process against the tiny model with tiny budgets and must end with exit status 0, or 2
-and exactly one line on stderr; never a traceback.
+specjax.train`, and for `python -m specjax.bench.structured`, made from the parsers' own option
+tables: valid, invalid, extreme and mixed values, and files that do not exist, are empty,
+truncated, binary or folders. Each runs in this process against the tiny model with tiny
+budgets and must end with exit status 0, or 2 and exactly one line on stderr; never a traceback.
 
 Every example runs in a fresh temporary folder, and what a command writes (OUT, DIR, --out) is
 a path inside it or inside the fixture's temporary folder, never an absolute path elsewhere or
@@ -10,7 +10,8 @@ a way up; hypothesis keeps its caches there too: nothing is written outside the 
 
 A bounded number of examples per subcommand by default, the same ones each run (the suite's
 time: about a minute in all); SPECJAX_FUZZ_EXAMPLES=N runs N random ones per subcommand
-(thousands in all: N=500).
+(thousands in all: N=200; `pytest -rP` says how many each ran). The last long run:
+docs/guide/cli-fuzz.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import contextlib
 import io
 import itertools
+import json
 import os
 import shutil
 from pathlib import Path
@@ -28,18 +30,19 @@ from hypothesis import HealthCheck, configuration, given, settings
 from hypothesis import strategies as st
 
 from specjax import __main__ as specjax_cli
+from specjax.bench import structured
 from specjax.convert import resolve
 from specjax.train import __main__ as train_cli
 
 # examples per subcommand by default (a valid generate or bench compiles, a valid run trains)
 DEFAULT_EXAMPLES = {"generate": 12, "convert": 5, "bench": 3, "run": 4, "export": 3, "distill": 3,
-                    "features": 3, "evaluate": 3, "tokenizer": 3}
+                    "features": 3, "evaluate": 3, "tokenizer": 3, "structured": 3}
 EXAMPLES = int(os.environ.get("SPECJAX_FUZZ_EXAMPLES", "0"))
 
 # The valid values of the options whose valid values are not in the parser (names, files), or
 # are but compile a program each (drafters, sampling settings), by dest: a function of the
-# files fixture. Other valid values come from the parser (choices, ranges); an option with
-# neither must be added here.
+# files fixture ("command.dest" for one command's own). Other valid values come from the parser
+# (choices, ranges); an option with neither must be added here.
 VALID = {
     "drafter": lambda f: ["ar", "prompt-lookup"],
     "temperature": lambda f: ["0", "0.7"],
@@ -56,21 +59,25 @@ VALID = {
     "out": lambda f: [str(f.fresh())],
     "dir": lambda f: [str(f.fresh())],
     "methods": lambda f: [["ar"], ["prompt-lookup"]],
+    "structured.methods": lambda f: [["constrained-ar"], ["unconstrained-ar"]],  # the forced rows compile ~20 s
     "prompts": lambda f: ["stdlib", str(f["prompts.jsonl"])],
     "config": lambda f: [str(f["c.toml"])],
     "set": lambda f: ["optim.lr=1e-3", "train.log_every=1", "train.seed=3"],
     "mesh": lambda f: ["1,1", "-1,1"],
     "temperatures": lambda f: ["0", "0,0.5"],
     "corpus": lambda f: [str(f["corpus"])],
+    "schemas": lambda f: [str(f["schemas.jsonl"])],
 }
 # valid numbers kept small: they are budgets (tokens, steps, prompts, batch rows)
 CHEAP = {"max_new_tokens": 3, "batch": 2, "repeats": 1, "num_prompts": 2, "steps": 2, "new_tokens": 2,
-         "windows": 2, "batch_size": 2, "max_prompt_tokens": 64, "draft_vocab": 64, "vocab_size": 300}
+         "windows": 2, "batch_size": 2, "max_prompt_tokens": 64, "draft_vocab": 64, "vocab_size": 300, "limit": 1}
 # budgets whose valid extremes are long jobs (others, like --batch or --max-new-tokens, are
 # refused by the memory and context checks and stay in)
-RUN_LONG = {"steps", "repeats", "num_prompts", "vocab_size", "windows", "batch_size", "draft_vocab"}
-# options whose defaults are long jobs (every method, 128 tokens, the stdlib corpus): always given
-ALWAYS = {"methods", "max_new_tokens", "num_prompts", "repeats", "new_tokens", "windows", "corpus", "batch_size"}
+RUN_LONG = {"steps", "repeats", "num_prompts", "vocab_size", "windows", "batch_size", "draft_vocab", "limit"}
+# options whose defaults are long jobs (every method, 128 tokens, the stdlib corpus, every schema,
+# SmolLM2): always given
+ALWAYS = {"methods", "max_new_tokens", "num_prompts", "repeats", "new_tokens", "windows", "corpus", "batch_size",
+          "limit", "model"}
 NOT_FUZZED = {"distributed"}  # needs a cluster; initialize() refuses to run after JAX has started
 # options a command writes to: their invalid values stay inside the example's folder, whose
 # `empty` and `binary` files and `folder` are made for each example
@@ -122,6 +129,9 @@ def files(tmp_path_factory, code_corpus):
     f["prompts.jsonl"].write_text('{"prompt": "def f(x):"}\n{"prompt": "import os", "category": "b"}\n')
     f["bad.jsonl"] = root / "bad.jsonl"
     f["bad.jsonl"].write_text('{"prompt": "x"}\n{"turns": 3}\n[1]\n')
+    f["schemas.jsonl"] = root / "schemas.jsonl"
+    f["schemas.jsonl"].write_text(json.dumps({"name": "a", "kind": "flat", "schema": json.loads(
+        f["schema.json"].read_text()), "prompt": "An object."}) + "\n")
     f["corpus"] = code_corpus / "src"
     raw = {"model": {"model_type": "llama", "vocab_size": 300, "hidden_size": 16, "intermediate_size": 32,
                      "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 8,
@@ -144,16 +154,19 @@ def _subcommands(parser) -> dict:
     return next(a for a in parser._actions if a.dest == "command").choices
 
 
-COMMANDS = [(specjax_cli.main, name, sub) for name, sub in _subcommands(specjax_cli._parser()).items()] + \
-           [(train_cli.main, name, sub) for name, sub in _subcommands(train_cli.parser()).items()]
+# (main, name, parser, what precedes the options: the subcommand's name)
+COMMANDS = [(specjax_cli.main, name, sub, [name]) for name, sub in _subcommands(specjax_cli._parser()).items()] + \
+           [(train_cli.main, name, sub, [name]) for name, sub in _subcommands(train_cli.parser()).items()] + \
+           [(structured.main, "structured", structured.parser(), [])]
 
 
-def _value(draw, action, f, valid: bool) -> str:
-    """One value for `action`: valid, or drawn from invalid and extreme ones."""
+def _value(draw, name, action, f, valid: bool) -> str:
+    """One value for `action` of command `name`: valid, or drawn from invalid and extreme ones."""
     bounds = getattr(action.type, "bounds", None)
     if valid:
-        if action.dest in VALID:
-            return draw(st.sampled_from(VALID[action.dest](f)))
+        known = VALID.get(f"{name}.{action.dest}", VALID.get(action.dest))
+        if known is not None:
+            return draw(st.sampled_from(known(f)))
         if action.choices is not None:
             return draw(st.sampled_from(list(action.choices)))
         if bounds is None:
@@ -192,7 +205,7 @@ def _parses(parse, text: str) -> bool:
 
 
 @st.composite
-def command_lines(draw, sub, f) -> list[str]:
+def command_lines(draw, name, sub, f) -> list[str]:
     all_valid = draw(st.integers(0, 3)) == 0
     argv = []
     options = [a for a in sub._actions if a.option_strings and a.dest not in ("help", *NOT_FUZZED)]
@@ -205,7 +218,7 @@ def command_lines(draw, sub, f) -> list[str]:
             argv.append(flag)
             continue
         count = 1 if action.nargs is None else draw(st.integers(0 if action.nargs == "*" else 1, 2))
-        values = [_value(draw, action, f, all_valid or draw(st.booleans())) for _ in range(count)]
+        values = [_value(draw, name, action, f, all_valid or draw(st.booleans())) for _ in range(count)]
         values = [v for group in values for v in (group if isinstance(group, list) else [group])]
         if count == 1 and not values[0].startswith("-") and draw(st.booleans()):
             argv.append(f"{flag}={values[0]}")
@@ -213,15 +226,15 @@ def command_lines(draw, sub, f) -> list[str]:
             argv += [flag, *values]
     for action in sub._actions:  # positionals, in order
         if not action.option_strings and (all_valid or draw(st.integers(0, 9)) > 0):
-            argv.append(_value(draw, action, f, all_valid or draw(st.booleans())))
+            argv.append(_value(draw, name, action, f, all_valid or draw(st.booleans())))
     if not all_valid and draw(st.integers(0, 4)) == 0:
         argv.insert(draw(st.integers(0, len(argv))), draw(st.sampled_from(["--bogus", "extra", "--", "-x"])))
     return argv
 
 
-@pytest.mark.parametrize("main, name, sub", COMMANDS, ids=[f"{m.__module__.split('.')[-2]}-{n}"
-                                                          for m, n, _ in COMMANDS])
-def test_every_command_line_ends_in_0_or_one_error_line(main, name, sub, files, tmp_path, monkeypatch):
+@pytest.mark.parametrize("main, name, sub, prefix", COMMANDS, ids=[f"{m.__module__.split('.')[-2]}-{n}"
+                                                                  for m, n, *_ in COMMANDS])
+def test_every_command_line_ends_in_0_or_one_error_line(main, name, sub, prefix, files, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))  # a GGUF conversion's cache
     examples = itertools.count()
 
@@ -235,7 +248,7 @@ def test_every_command_line_ends_in_0_or_one_error_line(main, name, sub, files, 
         (here / "binary").write_bytes(bytes(range(256)) * 4)
         monkeypatch.chdir(here)
         try:
-            argv = [name, *data.draw(command_lines(sub, files), label="argv")]
+            argv = [*prefix, *data.draw(command_lines(name, sub, files), label="argv")]
             out, err = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:
@@ -256,3 +269,4 @@ def test_every_command_line_ends_in_0_or_one_error_line(main, name, sub, files, 
         run()
     finally:
         configuration.set_hypothesis_home_dir(None)
+    print(f"{name}: {next(examples)} command lines")  # shown by pytest -rP

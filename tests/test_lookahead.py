@@ -72,6 +72,20 @@ def test_trie_counts_match_ngram_counts():
     _check_structure(state, la)
 
 
+def test_the_trie_holds_what_the_text_can_fill():
+    """A row's slots are the n-grams its text can hold (min(V^(d+1), S - d) at depth d), not
+    max_nodes; so many never fill: every n-gram is counted exactly."""
+    la = Lookahead(decoding_length=4, branch_length=3, max_query_length=2, max_nodes=4096)
+    seq = [int(x) for x in np.random.default_rng(1).integers(0, 2, size=40)]  # a vocabulary of 2
+    target = type("T", (), {"config": type("C", (), {"vocab_size": 2})()})()
+    tokens = jnp.asarray([seq], jnp.int32)
+    state = la.init(target, tokens[:, :9], jnp.array([9]), len(seq))
+    assert state.token.shape[1] == la.capacity(len(seq), 2) == 2 + 4 + 8 + 16 + 32 == 62
+    assert la.capacity(len(seq)) == 40 + 39 + 38 + 37 + 36 and la.capacity(10**6) == la.max_nodes
+    state = jax.jit(la.insert)(state, tokens, jnp.array([len(seq)]))
+    assert trie_paths(state) == _grams(seq, la.levels, prompt_len=9)
+
+
 def test_retrieval_ranks_by_frequency_and_prefers_longer_queries():
     la = Lookahead(decoding_length=3, branch_length=2, max_query_length=2, max_nodes=128)
     retrieve = jax.jit(la.retrieve)

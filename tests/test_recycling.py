@@ -30,6 +30,7 @@ def test_default_template_is_222():
     assert len(parents) == 81 and np.bincount(t.depth).tolist() == [1, 8, 21, 25, 15, 8, 3]
     d = TokenRecycling()
     assert d.num_nodes == 81 and d.max_depth == 6 and d.topk == 8
+    assert TokenRecycling(template=(-1, 0, 0, 1)).topk == 2  # the ranks the tree reads, no wider
     # the same tree as parent indices: node i's rank is its order among its siblings
     same = TokenRecycling(template=tuple(parents.tolist()))
     np.testing.assert_array_equal(parse(same.template).rank, ranks)

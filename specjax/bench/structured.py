@@ -138,7 +138,7 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parser() -> cli.ArgumentParser:
     ap = cli.ArgumentParser(prog="python -m specjax.bench.structured", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", help="model name, HF folder or .gguf file")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), metavar="NAME",
@@ -149,9 +149,12 @@ def main(argv=None) -> int:
     ap.add_argument("--schemas", default=None, help="a JSONL file of {name, kind, schema, prompt} "
                                                       "(default: the shipped set)")
     ap.add_argument("--out", default="benchmarks/structured", help="folder for results.json, results.md")
+    return ap
 
+
+def main(argv=None) -> int:
     def command():
-        args = ap.parse_args(argv)
+        args = parser().parse_args(argv)
         try:
             model, tokenizer = load(args.model), load_tokenizer(args.model)
             items = schemas(args.schemas)[:args.limit]

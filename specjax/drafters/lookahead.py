@@ -8,8 +8,7 @@ The trie. Every committed position i contributes the path tokens[i : i + L] (L =
 + max_query_length levels, cut at the committed length), so a node is an n-gram (n <= L) of the
 text and its frequency counts the n-gram's occurrences. An occurrence counts as input when it
 ends inside the prompt and as output otherwise (`freq_in`, `freq_out`). Each row owns its trie
-for one generate call (the official cache is global across requests), a table of `max_nodes`
-slots:
+for one generate call (the official cache is global across requests), a table of M slots:
 
     token int32[M] (-1 = free slot), parent int32[M] (-1 at depth 0), depth int32[M],
     anc int32[M, Q] (the ancestor at depth j < Q, for subtree tests), freq_in / freq_out int32[M],
@@ -37,9 +36,13 @@ in breadth-first order, with the matched node as the root. Scores never grow dow
 is marked invalid anyway. Drafts are deterministic (q = None): Greedy at T = 0, TopK when
 sampling.
 
-Fixed memory: the state is (6 + Q) * 4 * max_nodes bytes per row (256 KiB at the default
-8192 nodes, Q = 2); a step costs L levels of a [chunk + L - 1, max_nodes] comparison per row
-to insert (one pass) and one sort of max_nodes entries to retrieve.
+Fixed memory: M = min(max_nodes, what the text can fill): a text of S tokens (the decode's
+cache length) has at most S - d n-grams at depth d, and a vocabulary of V at most V^(d+1),
+so a trie that size never fills: it evicts nothing and drafts as a larger one (`capacity`). The
+state is (6 + Q) * 4 * M bytes per row (at most 256 KiB at the default 8192 nodes, Q = 2; 6
+KiB for the named setting, a 16-token prompt and 2 new tokens on an 8-token vocabulary); a
+step costs L levels of a [chunk + L - 1, M] comparison per row to insert (one pass) and one
+sort of M entries to retrieve.
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ class LookaheadState(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class Lookahead(Drafter):
     """Trie retrieval drafter: up to `decoding_length` draft nodes, at most `branch_length` deep,
-    queried with the last `max_query_length` tokens, from a trie of `max_nodes` nodes per row."""
+    queried with the last `max_query_length` tokens, from a trie of at most `max_nodes` nodes
+    per row (`capacity`)."""
 
     decoding_length: int = dataclasses.field(default=64, metadata={"static": True})
     branch_length: int = dataclasses.field(default=12, metadata={"static": True})
@@ -119,11 +123,20 @@ class Lookahead(Drafter):
         least 32 so that a long prompt goes in with few sequential passes."""
         return max(self.branch_length + 1, 32)
 
+    def capacity(self, cache_len: int, vocab_size: int | None = None) -> int:
+        """Trie slots a row needs for a text of `cache_len` tokens over `vocab_size` (None:
+        any): the distinct n-grams it can hold, min(V^(d+1), cache_len - d) at depth d, at
+        most `max_nodes`. A trie this large never fills, so it never evicts."""
+        grams = sum(max(min(vocab_size ** (d + 1) if vocab_size else cache_len, cache_len - d), 0)
+                    for d in range(self.levels))
+        return max(min(self.max_nodes, grams), 1)
+
     # ---- the protocol ---------------------------------------------------------------------------
 
     def init(self, target, prompts, lengths, cache_len, prefill=None):
-        """An empty trie per row; the prompt goes in at the first `propose`."""
-        b, m, q = jnp.shape(prompts)[0], self.max_nodes, self.max_query_length
+        """An empty trie per row (`capacity` slots); the prompt goes in at the first `propose`."""
+        vocab = None if target is None else target.config.vocab_size
+        b, m, q = jnp.shape(prompts)[0], self.capacity(cache_len, vocab), self.max_query_length
         neg = jnp.full((b, m), -1, jnp.int32)
         zero = jnp.zeros((b, m), jnp.int32)
         return LookaheadState(neg, neg, neg, jnp.full((b, m, q), -1, jnp.int32), zero, zero, zero,
@@ -153,7 +166,7 @@ class Lookahead(Drafter):
 
     def _insert_chunk(self, t: LookaheadState, tokens, hi):
         """Insert the occurrences ending at positions [t.inserted, hi) (one row)."""
-        L, M, Q = self.levels, self.max_nodes, self.max_query_length
+        L, M, Q = self.levels, t.token.shape[0], self.max_query_length
         W = L - 1 + self.chunk  # window starts that can reach a new position
         lo = t.inserted
         starts = lo - (L - 1) + jnp.arange(W, dtype=jnp.int32)
@@ -208,7 +221,7 @@ class Lookahead(Drafter):
 
     def _evict(self, t: LookaheadState, count, protected, now):
         """Free up to `count` slots: the least frequent, then least recent, unprotected leaves."""
-        M = self.max_nodes
+        M = t.token.shape[0]
         k = min(self.levels - 1 + self.chunk, M)
         used = t.depth >= 0
         has_child = jnp.zeros((M,), bool).at[jnp.where(used & (t.parent >= 0), t.parent, M)].set(
@@ -229,7 +242,7 @@ class Lookahead(Drafter):
 
     def _retrieve_row(self, t: LookaheadState, tokens, length):
         """(tokens int32[N], parents int32[N], valid bool[N]) of one row's draft tree."""
-        M, N, D, Q = self.max_nodes, self.num_nodes, self.branch_length, self.max_query_length
+        M, N, D, Q = t.token.shape[0], self.num_nodes, self.branch_length, self.max_query_length
         root = tokens[length - 1]
         best_r, best_q, best_n = jnp.int32(-1), jnp.int32(1), jnp.int32(-1)
         for q in range(1, Q + 1):  # the longest q with >= D nodes, else the most nodes (ties: longer)

@@ -2,7 +2,8 @@
 
 Token Recycling (Luo et al., arXiv 2408.08696). The state is `adj` int32[B, V, k]: row
 adj[b, v] holds the k token ids the target ranked highest the last time it read token v in
-row b. After EVERY step, for every valid tree node i (the root, accepted and rejected nodes
+row b; k is as many ranks as the template reads (3 for the named 8-node tree, 8 for "2.2.2"),
+so a row keeps V * k * 4 bytes. After EVERY step, for every valid tree node i (the root, accepted and rejected nodes
 alike: the rejected candidates are the "recycled" ones), adj[b, token(i)] = top-k ids of the
 target logits at node i. Where one token sits on several nodes, the node on the accepted path
 wins, then the later node (the paper writes them in one unordered scatter).
@@ -61,11 +62,12 @@ class RecyclingState(NamedTuple):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TokenRecycling(Drafter):
-    """Token Recycling with the top-`topk` successors per token and a static `template`: rank
-    paths (root excluded) or parent indices (root first, -1), default the paper's "2.2.2".
-    `adj` int[V, topk] (optional, -1 = empty) is a hot start shared by all rows."""
+    """Token Recycling with the top-`topk` successors per token (default: the ranks the
+    template reads) and a static `template`: rank paths (root excluded) or parent indices
+    (root first, -1), default the paper's "2.2.2". `adj` int[V, topk] (optional, -1 = empty)
+    is a hot start shared by all rows."""
 
-    topk: int = dataclasses.field(default=8, metadata=dict(static=True))
+    topk: int | None = dataclasses.field(default=None, metadata=dict(static=True))
     template: tuple = dataclasses.field(default=TEMPLATE_222, metadata=dict(static=True))
     seed_from_prompt: bool = dataclasses.field(default=True, metadata=dict(static=True))
     adj: jax.Array | None = None
@@ -73,10 +75,12 @@ class TokenRecycling(Drafter):
     name = "recycling"
 
     def __post_init__(self):  # static fields only: pytree unflattening re-runs this
-        if not isinstance(self.topk, int) or self.topk < 1:
-            raise ValueError(f"topk must be an integer >= 1, got {self.topk!r}")
         object.__setattr__(self, "template", as_spec(self.template))
         rank = parse(self.template).rank
+        if self.topk is None:  # a wider table holds ranks the tree never reads
+            object.__setattr__(self, "topk", max(int(rank.max()) + 1, 1))
+        if not isinstance(self.topk, int) or self.topk < 1:
+            raise ValueError(f"topk must be an integer >= 1, got {self.topk!r}")
         if rank.max() >= self.topk:
             raise ValueError(f"the template uses candidate rank {rank.max()}, but topk={self.topk} "
                              f"keeps ranks 0..{self.topk - 1} only")

@@ -108,6 +108,16 @@ def test_quantized_matmul_reads_column_panels(bits, group_size, m, tile):
     close(quantized_matmul(x, qw.tiled(tile).layer(1), impl="cpu"), got)
 
 
+@pytest.mark.parametrize("bits,group_size", [(8, 64), (4, 32)])
+def test_quantized_matmul_rows_do_not_depend_on_their_neighbours(bits, group_size):
+    # a verify pass over M tokens must give each token the logits a 1-token step would: the
+    # buffered path (more rows than a register block) sums in the same order, to the bit
+    qw = quantize(normal((1, 256, 384), 3), bits, group_size).tiled(64)
+    x = normal((13, 256), 4)
+    run = jax.jit(lambda x: quantized_matmul(x, qw, index=0, impl="cpu"))
+    np.testing.assert_array_equal(run(x), jnp.concatenate([run(x[i:i + 1]) for i in range(13)]))
+
+
 def test_the_kernel_layout_is_panels_where_n_allows():
     from pallas_kernels import kernel_layout
     assert kernel_layout(quantize(normal((256, 384)), 8, 64)).tile == 64
