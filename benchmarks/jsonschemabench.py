@@ -435,6 +435,14 @@ def compile_table(compiled: dict) -> str:
     return "\n".join(lines)
 
 
+ENDED = ("valid", "invalid", "cut off")  # the outcomes of a row that was checked
+
+
+def _tally(compliances, *kinds) -> str:
+    """"n / n / ..." of each outcome in `kinds` (default: every outcome, "unchecked" last)."""
+    return " / ".join(str(sum(c == k for c in compliances)) for k in kinds or (*ENDED, "unchecked"))
+
+
 def decode_table(decoded: dict) -> str:
     lines = ["| category | decoded | constrained AR: valid / invalid / cut off / unchecked | spec: valid / invalid / "
              "cut off | spec = AR | unconstrained: valid / invalid / cut off | tokens/s c-AR / spec / u-AR (median) "
@@ -444,14 +452,12 @@ def decode_table(decoded: dict) -> str:
         if not rows:
             continue
 
-        def counts(m, kinds=("valid", "invalid", "cut off", "unchecked")):
-            return " / ".join(str(sum(r[m]["compliance"] == k for r in rows)) for k in kinds)
-
+        counts = lambda m, *kinds: _tally([r[m]["compliance"] for r in rows], *kinds)
         speed = " / ".join(f"{_median([r[m]['tokens_per_s'] for r in rows]):.1f}" for m in METHODS)
         name = f"**{category}**" if category == "all" else category
-        lines.append(f"| {name} | {len(rows)} | {counts('constrained-ar')} | {counts('constrained-spec', ('valid', 'invalid', 'cut off'))} "
+        lines.append(f"| {name} | {len(rows)} | {counts('constrained-ar')} | {counts('constrained-spec', *ENDED)} "
                      f"| {sum(r['spec_equals_ar'] for r in rows)}/{len(rows)} "
-                     f"| {counts('unconstrained-ar', ('valid', 'invalid', 'cut off'))} | {speed} "
+                     f"| {counts('unconstrained-ar', *ENDED)} | {speed} "
                      f"| {_median([r['constrained-spec']['tau'] for r in rows]):.2f} "
                      f"| {_median([r['spec_speedup'] for r in rows]):.2f}x |")
     return "\n".join(lines)
@@ -465,16 +471,14 @@ def batch_table(batched: dict) -> str:
     for category, runs in [(c, [batched[c]]) for c in CATEGORIES if c in batched] + [("all", every)]:
         rows = {m: [r for run in runs for r in run[m]["rows"]] for m in METHODS}
 
-        def counts(m, kinds=("valid", "invalid", "cut off", "unchecked")):
-            return " / ".join(str(sum(r["compliance"] == k for r in rows[m])) for k in kinds)
-
+        counts = lambda m, *kinds: _tally([r["compliance"] for r in rows[m]], *kinds)
         same = [x for run in runs for x in run["spec_equals_ar"]]
         b1 = [x for run in runs for x in run["ar_equals_batch1"] if x is not None]
         speed = " / ".join(f"{_median([run[m]['tokens_per_s'] for run in runs]):.1f}" for m in METHODS)
         name = f"**{category}** (median of batches)" if category == "all" else category
         lines.append(f"| {name} | {len(rows['constrained-ar'])} | {counts('constrained-ar')} "
-                     f"| {counts('constrained-spec', ('valid', 'invalid', 'cut off'))} | {sum(same)}/{len(same)} "
-                     f"| {sum(b1)}/{len(b1)} | {counts('unconstrained-ar', ('valid', 'invalid', 'cut off'))} | {speed} "
+                     f"| {counts('constrained-spec', *ENDED)} | {sum(same)}/{len(same)} "
+                     f"| {sum(b1)}/{len(b1)} | {counts('unconstrained-ar', *ENDED)} | {speed} "
                      f"| {_median([run['constrained-spec']['tau'] for run in runs]):.2f} "
                      f"| {_median([run['spec_speedup'] for run in runs]):.2f}x |")
     return "\n".join(lines)
