@@ -112,8 +112,8 @@ void block_from_buffer(const float* x, const Weight& w, const float* buffer, int
     for (int v = 0; v < NV; ++v) store(y + (m0 + i) * w.N + n0 + v * VL, acc[i][v]);
 }
 
-// f(std::integral_constant<int, rows>) for 0 < rows < MR: the last rows, still from registers
-template <int R = MR - 1, typename F>
+// f(std::integral_constant<int, rows>) for 0 < rows <= MR: a block of rows held in registers
+template <int R = MR, typename F>
 void with_rows(int64_t rows, F&& f) {
   if constexpr (R > 0) {
     if (rows == R) f(std::integral_constant<int, R>{});
@@ -123,12 +123,7 @@ void with_rows(int64_t rows, F&& f) {
 
 template <int P>
 void columns(const float* x, const Weight& w, float* y, int64_t M, int64_t n0) {
-  int64_t m = M - M % MR;
-  if (M <= MR) {
-    if (M == MR) block<MR, P>(x, w, y, 0, n0);
-    else with_rows(M, [&](auto r) { block<decltype(r)::value, P>(x, w, y, 0, n0); });
-    return;
-  }
+  if (M <= MR) return with_rows(M, [&](auto r) { block<decltype(r)::value, P>(x, w, y, 0, n0); });
   // More rows than one register block: each group is converted once, into a buffer that stays
   // in L1, and every block of rows reads it from there instead of converting it again.
   alignas(64) static thread_local float buffer[MAX_GROUP * 2 * NB];
@@ -145,6 +140,7 @@ void columns(const float* x, const Weight& w, float* y, int64_t M, int64_t n0) {
       for (int p = 0; p < P; ++p)
         for (int v = 0; v < NV; ++v) store(buffer + (j * P + p) * NB + v * VL, wv[p][v]);
     }
+    const int64_t m = M - M % MR;
     for (int64_t m0 = 0; m0 < m; m0 += MR) block_from_buffer<MR, P>(x, w, buffer, g, y, m0, n0);
     with_rows(M - m, [&](auto r) { block_from_buffer<decltype(r)::value, P>(x, w, buffer, g, y, m, n0); });
   }
