@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -163,3 +165,14 @@ def test_bfloat16_forward_is_close_to_float32(hf_family):
     assert bf16.params["layers"]["wq"].dtype == jnp.bfloat16
     tokens = jnp.arange(3, 19)[None]
     np.testing.assert_allclose(sj.forward(bf16, tokens), sj.forward(f32, tokens), atol=0.05)
+
+
+def test_a_masked_diffusion_config_attends_both_ways_and_round_trips():
+    config = dataclasses.replace(tiny_llama_config(), mask_token_id=63)
+    model = sj.Model.init(config, jax.random.PRNGKey(0))
+    tokens = jnp.array([[5, 9, 63, 63, 2]])
+    later_changed = sj.forward(model, tokens.at[0, 4].set(7))
+    assert not np.allclose(sj.forward(model, tokens)[0, 0], later_changed[0, 0])  # position 0 sees 4
+    causal = sj.Model(model.params, tiny_llama_config())
+    np.testing.assert_allclose(sj.forward(causal, tokens)[0, 0], sj.forward(causal, tokens.at[0, 4].set(7))[0, 0])
+    assert sj.ModelConfig.from_hf(config.to_hf()) == config

@@ -70,6 +70,10 @@ class ModelConfig:
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # set for a masked-diffusion LM (LLaDA, Dream): attention is bidirectional and this id marks
+    # the positions still to be generated (specjax.diffusion)
+    mask_token_id: int | None = None
+    shift_logits: bool = False  # the output at position i predicts token i + 1 (Dream)
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -90,6 +94,11 @@ class ModelConfig:
             if len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES):
                 raise ValueError(f"layer_types must name {self.num_layers} layers, each one of "
                                  f"{', '.join(LAYER_TYPES)}; got {list(self.layer_types)}")
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether every position attends to every other (a masked-diffusion LM)."""
+        return self.mask_token_id is not None
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -203,6 +212,8 @@ class ModelConfig:
             dtype=dtype,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
+            mask_token_id=hf.get("mask_token_id"),
+            shift_logits=bool(hf.get("shift_logits", False)),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -236,6 +247,8 @@ class ModelConfig:
                       attn_logit_softcapping=self.attn_logit_softcapping,
                       final_logit_softcapping=self.final_logit_softcapping,
                       layer_types=list(self.layer_types or ["full_attention"] * self.num_layers))
+        if self.mask_token_id is not None:
+            hf.update(mask_token_id=self.mask_token_id, shift_logits=self.shift_logits)
         if self.rope_local_theta is not None:
             hf["rope_local_base_freq"] = self.rope_local_theta
         if self.rope_scaling is not None:

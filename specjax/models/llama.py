@@ -215,7 +215,8 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     positions: int[B, T]; default `cache.lengths + arange(T)` (or `arange(T)` without a cache).
     cache: when given, the T new K/V entries are written at slots [lengths, lengths + T) of
       each row and attention also covers the committed slots [0, lengths).
-    tree_mask: bool[B, T, T], which new tokens each new token sees; default causal.
+    tree_mask: bool[B, T, T], which new tokens each new token sees; default causal (all of
+      them for a bidirectional, masked-diffusion config).
     return_layers: indices of decoder layers whose outputs (pre final norm) to return.
     inject: extra positions (see Injection); the outputs then cover T + M positions.
     write_cache: False returns the new K/V in `new_kv` and the cache untouched (for callers that
@@ -227,7 +228,8 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         start = cache.lengths[:, None] if cache is not None else jnp.zeros((b, 1), jnp.int32)
         positions = start + jnp.arange(t, dtype=jnp.int32)[None, :]
     if tree_mask is None:
-        tree_mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+        square = jnp.ones((t, t), bool)
+        tree_mask = jnp.broadcast_to(square if c.bidirectional else jnp.tril(square), (b, t, t))
     x = params["embed"][tokens].astype(c.jnp_dtype)
     if c.scale_embeddings:
         x = x * jnp.asarray(c.hidden_size ** 0.5, x.dtype)
