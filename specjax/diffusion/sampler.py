@@ -91,21 +91,6 @@ def _generate(model, canvas, rule, key, *, gen_length, blocks, cache, temperatur
     def window_of(start):
         return start[:, None] + jnp.arange(width)[None, :] if cache else jnp.broadcast_to(jnp.arange(t), (b, t))
 
-    def window_cache(new_kv, start):
-        """The refresh's K/V of every valid canvas position outside the window, packed left."""
-        pos = jnp.arange(t)[None, :]
-        keep = valid[:, :t] & ((pos < start[:, None] - lead) | (pos >= start[:, None] + width))
-        order = jnp.argsort(~keep, axis=-1, stable=True)
-        pack = lambda x: jnp.take_along_axis(x, order[None, :, :, None, None], axis=2)
-        return KVCache(pack(new_kv[0]), pack(new_kv[1]), jnp.sum(keep, axis=-1).astype(jnp.int32))
-
-    def window_forward(tokens, start, kv):
-        idx = start[:, None] - lead + jnp.arange(width + lead)[None, :]
-        win_tokens, win_valid = tokens[rows, idx], valid[rows, idx]
-        out = forward(config, model.params, win_tokens, positions=idx, cache=kv,
-                      tree_mask=key_mask(win_valid, width + lead), write_cache=False)
-        return _shift(out.logits, lead)[:, lead:]
-
     def commit(tokens, frame, start, end, state, first, key, counts):
         """Apply the rule to a frame's logits; returns tokens, rule state, nfe increments."""
         idx = frame.idx
@@ -131,7 +116,7 @@ def _generate(model, canvas, rule, key, *, gen_length, blocks, cache, temperatur
         frame = Frame(idx, jnp.take_along_axis(logits, jnp.minimum(idx, t - 1)[..., None], axis=1))
         state = rule.init(b, idx.shape[1], logits.shape[-1])
         tokens, state, nfe = commit(tokens, frame, start, end, state, jnp.array(True), k_first, nfe)
-        kv = window_cache(new_kv, start) if cache else None
+        kv = window_cache(new_kv, valid[:, :t], start, width, lead) if cache else None
 
         def step_cond(c):
             tokens = c[0]
@@ -141,7 +126,7 @@ def _generate(model, canvas, rule, key, *, gen_length, blocks, cache, temperatur
             tokens, state, nfe, forwards, key = c
             key, k_step = jax.random.split(key)
             if cache:
-                frame = Frame(idx, window_forward(tokens, start, kv))
+                frame = Frame(idx, window_logits(model, tokens, valid, start, kv, width))
             else:
                 frame = Frame(idx, full_forward(tokens)[0])
             tokens, state, nfe = commit(tokens, frame, start, end, state, jnp.array(False), k_step, nfe)
@@ -159,6 +144,29 @@ def _generate(model, canvas, rule, key, *, gen_length, blocks, cache, temperatur
     carry = (tokens, start, jnp.zeros((b,), jnp.int32), jnp.int32(0), key)
     tokens, _, nfe, forwards, _ = jax.lax.while_loop(block_cond, block_body, carry)
     return DiffusionOutput(tokens[:, gen_start:t], nfe, forwards)
+
+
+def window_cache(new_kv, valid, start, width: int, lead: int = 0) -> KVCache:
+    """A KVCache of the K/V [L, B, T, KV, hd] of every valid canvas position outside each row's
+    window [start - lead, start + width), packed to the left (attention ignores slot order:
+    the keys carry their RoPE positions)."""
+    pos = jnp.arange(valid.shape[1])[None, :]
+    keep = valid & ((pos < start[:, None] - lead) | (pos >= start[:, None] + width))
+    order = jnp.argsort(~keep, axis=-1, stable=True)
+    pack = lambda x: jnp.take_along_axis(x, order[None, :, :, None, None], axis=2)
+    return KVCache(pack(new_kv[0]), pack(new_kv[1]), jnp.sum(keep, axis=-1).astype(jnp.int32))
+
+
+def window_logits(model: Model, tokens, valid, start, kv: KVCache, width: int) -> jax.Array:
+    """Logits float32[B, width, V] for canvas positions [start, start + width) of each row, from
+    a forward over that window (and, for shifted-logit models, the slot before it) attending to
+    `kv` (`window_cache`). tokens and valid extend past the canvas by at least width + 1."""
+    lead = int(model.config.shift_logits)
+    rows = jnp.arange(tokens.shape[0])[:, None]
+    idx = start[:, None] - lead + jnp.arange(width + lead)[None, :]
+    out = forward(model.config, model.params, tokens[rows, idx], positions=idx, cache=kv,
+                  tree_mask=key_mask(valid[rows, idx], width + lead), write_cache=False)
+    return _shift(out.logits, lead)[:, lead:]
 
 
 def _shift(logits, lead):
