@@ -13,7 +13,10 @@ import pytest
 from specjax.models import ModelConfig, forward, init_params
 from specjax.train import canvas_batches
 from specjax.train.canvas_batches import TaskBatches, canvas_batch
+from specjax.convert import load
+from specjax.train.export import export
 from specjax.train.loop import train
+from specjax.train.task_decoding import write_trajectories
 from specjax.train.objectives import dparallel as dp
 from specjax.train.objectives import mdm
 from specjax.train.run_config import from_dict
@@ -36,11 +39,19 @@ def _bench():
         words = [vocab[i] for i in row]
         return tuple(words[:words.index("<eos>")] if "<eos>" in words else words)
 
+    def tokenizer():
+        from tokenizers import Tokenizer, pre_tokenizers
+        from tokenizers.models import WordLevel
+
+        tok = Tokenizer(WordLevel({w: i for i, w in enumerate(vocab + ("reverse", "copy"))}, unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        return tok
+
     return types.SimpleNamespace(
         TASKS=("reverse", "copy"), VOCAB=vocab + ("reverse", "copy"), PAD_ID=PAD, EOS_ID=EOS, MASK_ID=MASK,
         GEN_LENGTH=GEN, sample=sample, decode=decode, check=lambda e, out: tuple(out) == e.answer,
         encode=lambda e: ([ids.get(w, 14 + (w == "copy")) for w in e.prompt], [ids[w] for w in e.answer]),
-        tokenizer=None)
+        tokenizer=tokenizer)
 
 
 BENCH = _bench()
@@ -199,16 +210,42 @@ def _raw(tmp_path, **train):
                       "eval_every": 1000, "save_every": 1000, "eval_batches": 2, **train}}
 
 
-def test_mdm_training_on_tasks_lowers_the_loss(tmp_path, monkeypatch):
+def test_mdm_then_dparallel_on_its_own_answers(tmp_path, monkeypatch):
+    """mdm (SFT) lowers the loss in 30 steps; its export answers prompts (static greedy), which
+    dparallel fine-tunes it on; both exports load as masked-diffusion LMs."""
     monkeypatch.setattr(canvas_batches, "task_bench", lambda: BENCH)
-    (tmp_path / "tok").mkdir()
-    (tmp_path / "tok" / "tokenizer.json").write_text("{}")  # the stand-in has no tokenizer to write
     done = train(from_dict(_raw(tmp_path, steps=30, log_every=1)), progress=False)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r["split"] == "train"]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
     assert done["val"]["accuracy"] > 0.3
+    assert (tmp_path / "tok" / "tokenizer.json").is_file()  # the tasks' tokenizer, written on first use
+    export(from_dict(_raw(tmp_path, steps=30)), tmp_path / "teacher")
+    teacher = load(tmp_path / "teacher")
+    assert teacher.config == CONFIG
+
+    write_trajectories(tmp_path / "answers.npz", teacher, (), 40, WIDTH, bench=BENCH)
+    with np.load(tmp_path / "answers.npz") as rows:
+        assert rows["tokens"].shape == (40, WIDTH) and (rows["tokens"][:, -GEN:] != MASK).all()
+    raw = _raw(tmp_path, steps=3, objective="dparallel", out=str(tmp_path / "dp"))
+    raw["data"]["corpus"] = str(tmp_path / "answers.npz")
+    raw["heads"] = {"target": str(tmp_path / "teacher"), "block_size": 2}
+    config = from_dict(raw)
+    done = train(config, progress=False)
+    assert np.isfinite(done["train"]["loss"]) and "entropy" in done["val"]
+    export(config, tmp_path / "student")
+    assert load(tmp_path / "student").config.mask_token_id == MASK
     with pytest.raises(ValueError, match="mask_token_id must be the tasks' MASK id"):
         raw = _raw(tmp_path, steps=1)
         raw["model"]["mask_token_id"] = 4
         train(from_dict(raw), progress=False)
+
+
+def test_export_appends_the_mask_token_to_a_tokenizer(code_corpus, tmp_path):
+    from tokenizers import Tokenizer
+
+    mdm.export_tokenizer(code_corpus / "tok", tmp_path, 300)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.id_to_token(300) == mdm.MASK_TOKEN and tok.encode("def f(x):").ids[-1] < 300
+    with pytest.raises(ValueError, match="neither in the tokenizer nor the next id"):
+        mdm.export_tokenizer(code_corpus / "tok", tmp_path, 305)
