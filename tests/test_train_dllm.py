@@ -4,6 +4,7 @@ canvas batches they train on, and short training runs on a stand-in for the task
 import dataclasses
 import json
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from specjax.train.loop import train
 from specjax.train.task_decoding import write_trajectories
 from specjax.train.objectives import dparallel as dp
 from specjax.train.objectives import mdm
-from specjax.train.run_config import from_dict
+from specjax.train.run_config import from_dict, load_config
 
 PAD, EOS, MASK, SEP = 0, 1, 2, 3  # then the digits 0-9 at ids 4-13
 GEN = 6
@@ -249,3 +250,21 @@ def test_export_appends_the_mask_token_to_a_tokenizer(code_corpus, tmp_path):
     assert tok.id_to_token(300) == mdm.MASK_TOKEN and tok.encode("def f(x):").ids[-1] < 300
     with pytest.raises(ValueError, match="neither in the tokenizer nor the next id"):
         mdm.export_tokenizer(code_corpus / "tok", tmp_path, 305)
+
+
+ASSETS = Path(__file__).resolve().parents[1] / "specjax" / "assets"
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHIPPED = ("tiny-dllm-code", "tiny-dllm-tasks", "tiny-dllm-tasks-dparallel")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_dllms_match_their_configs_and_size_budget(name):
+    if not (ASSETS / name / "model.safetensors").is_file():
+        pytest.skip(f"{name} absent (build it with recipes/make_tiny_dllm.sh)")
+    assert sum(f.stat().st_size for f in (ASSETS / name).iterdir()) < 11 * 2**20
+    model = load(name)
+    assert model.config == load_config(CONFIGS / f"{name}.toml").model
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ASSETS / name / "tokenizer.json"))
+    assert tok.id_to_token(model.config.mask_token_id) in (mdm.MASK_TOKEN, "<mask>")
