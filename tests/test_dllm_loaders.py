@@ -5,6 +5,7 @@ attention with q/k/v biases), bidirectional, unpadded and with left pads hidden.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from specjax.diffusion import key_mask, make_canvas
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+from safetensors.numpy import load_file  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402  (after torch's skip)
 
 V, MASK = 96, 95  # the tokenizer's vocabulary; a mask id inside it (the real ones are far larger)
@@ -207,7 +209,6 @@ def test_llada_and_dream_folders_round_trip(tmp_path):
         original = json.loads((tmp_path / name / "config.json").read_text())
         assert written["model_type"] == original["model_type"]
         assert written["architectures"] == original["architectures"]
-        from safetensors.numpy import load_file
         a, b = (load_file(tmp_path / n / "model.safetensors") for n in (name, f"{name}-again"))
         assert sorted(a) == sorted(b)
         for k in a:
@@ -270,7 +271,6 @@ def test_configs_we_cannot_run_are_refused(change, message):
 
 
 def test_to_hf_refuses_what_the_family_config_cannot_express():
-    import dataclasses
     llada = sj.ModelConfig.from_hf(LLADA_8B)
     with pytest.raises(ValueError, match="a llada config.json cannot express this config's head_dim, qk_norm"):
         dataclasses.replace(llada, head_dim=64, qk_norm=True).to_hf()
