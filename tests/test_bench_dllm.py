@@ -4,6 +4,7 @@ column, and one-line usage errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -83,3 +84,18 @@ def test_dllm_options_need_dllm(capsys):
 def test_examples_are_seeded_per_task():
     assert dllm.examples("shuffle", 3) == dllm.examples("shuffle", 3)
     assert dllm.examples("shuffle", 2) == dllm.examples("shuffle", 3)[:2]
+
+
+def test_bench_dllm_learn2pd_from_the_model_folder(tmp_path):
+    learn2pd = pytest.importorskip("specjax.diffusion.learn2pd")
+    folder = tmp_path / "model"
+    sj.save(sj.Model.init(_config(mask_token_id=pb.MASK_ID), jax.random.key(0)), folder)
+    n = 6  # the filter's block, not --block's
+    learn2pd.save_filter(tuple((jax.random.normal(jax.random.key(i), (n, n)), jax.numpy.zeros(n)) for i in range(2)),
+                         folder / dllm.LEARN2PD_FILE)
+    prep = dllm.prepare(dllm.DllmConfig(model=str(folder), tasks=("copy",), num_examples=2, batch=2))
+    assert "learn2pd" in prep.samplers  # by default, since the folder has a filter
+    prep = prep._replace(cfg=dataclasses.replace(prep.cfg, tasks=("reverse",)),
+                         samplers={"learn2pd": prep.samplers["learn2pd"]})
+    rows, _ = dllm.measure(prep, progress=False)
+    assert [(r["sampler"], r["block"], r["eos_exit"]) for r in rows] == [("learn2pd", n, True)]
