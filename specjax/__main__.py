@@ -3,7 +3,8 @@
   generate  generate text from a prompt, printing it as it comes
   convert   convert a model (HF folder, specjax checkpoint, GGUF file or name) to a specjax
             checkpoint or an HF folder
-  bench     tau, tokens/s and speedup of every decoding method on a prompt set
+  bench     tau, tokens/s and speedup of every decoding method on a prompt set (--dllm: a
+            masked-diffusion LM's samplers on ParallelBench-style tasks)
 
 Training is `python -m specjax.train`. Bad input is one line on stderr and exit status 2;
 Ctrl-C is one line and exit status 130.

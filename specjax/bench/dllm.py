@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -215,7 +216,7 @@ def measure(prep: Prepared, progress: bool = True) -> tuple[list[dict], list[dic
                 if progress:
                     print(f"{task:>15} {name:>14} {cache or '-':>5}: accuracy {row['accuracy']:.3f}, "
                           f"{row['tokens_per_forward']:.2f} tokens/forward, {row['tokens_per_s']:.0f} tokens/s",
-                          flush=True)
+                          file=sys.stderr, flush=True)
         if task in CLOSED_FORM_TASKS:
             closed += _closed_form(prep, task, exs, batches, rows, warmed)
     return rows, closed
@@ -376,7 +377,11 @@ def write(prep: Prepared, rows: list[dict], closed: list[dict], out: Path, comma
                    "samplers": {n: s.description for n, s in prep.samplers.items()}, "rows": rows,
                    "groups": groups(rows), "closed_form": closed, "notes": NOTES}, f, indent=2)
     loud = mismatches(rows) and f"{mismatches(rows)}\n\n"
-    (out / "results.md").write_text(f"Machine: {info}\n\nCommand: `{command}`\n\n{loud}{markdown(rows, closed)}\n"
+    c = prep.cfg
+    setup = (f"{c.num_examples} examples per task (seed {c.seed}), {c.batch} per canvas, blocks of {c.block} "
+             f"of the {pb.GEN_LENGTH} slots")
+    (out / "results.md").write_text(f"Machine: {info}\n\nCommand: `{command}`\n\n{setup}\n\n{loud}"
+                                    f"{markdown(rows, closed)}\n"
                                     f"![quality vs parallelism]({PLOT})\n\n" + "\n".join(f"- {n}" for n in NOTES)
                                     + "\n")
     try:
