@@ -3,7 +3,8 @@
   generate  generate text from a prompt, printing it as it comes
   convert   convert a model (HF folder, specjax checkpoint, GGUF file or name) to a specjax
             checkpoint or an HF folder
-  bench     tau, tokens/s and speedup of every decoding method on a prompt set
+  bench     tau, tokens/s and speedup of every decoding method on a prompt set (--dllm: a
+            masked-diffusion LM's samplers on ParallelBench-style tasks)
 
 Training is `python -m specjax.train`. Bad input is one line on stderr and exit status 2;
 Ctrl-C is one line and exit status 130.
@@ -115,7 +116,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on a prompt set",
                         description="Measure tau, tokens/s and speedup over AR of each method on a prompt "
-                                    "set; write results.json, results.md and chart.png to --out.")
+                                    "set; write results.json, results.md and chart.png to --out. With --dllm "
+                                    "MODEL: accuracy vs tokens per forward of a masked-diffusion LM's samplers "
+                                    "on ParallelBench-style tasks instead.")
     bn.add_argument("--model", default="tiny", help="model name (tiny, smollm2), HF folder or .gguf file")
     bn.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the methods that need one: "
                     + ", ".join(u for u, m in _bench_methods().items() if "draft model" in m.needs))
@@ -125,15 +128,28 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--prompts", default="stdlib",
                     help="stdlib (held-out code, for the tiny model), humaneval, chat (the "
                          "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")
-    bn.add_argument("--batch", type=count, nargs="+", default=[1], metavar="B", help="batch sizes (>= 1)")
+    bn.add_argument("--batch", type=count, nargs="+", default=None, metavar="B",
+                    help="batch sizes (>= 1; default 1); with --dllm one size, the examples per canvas (default 16)")
     bn.add_argument("--max-new-tokens", type=count, default=128, help="new tokens per prompt (>= 1)")
     bn.add_argument("--temperature", type=temperature, default=0.0,
                     help="sample with each method's exact rule (transformers rows are greedy only)")
     bn.add_argument("--repeats", type=count, default=3, help="timed runs per method (>= 1); the best counts")
     bn.add_argument("--num-prompts", type=_all_or(count), default=8, metavar="N",
                     help="how many prompts (>= 1), taken in turn from each category, or 'all'")
-    bn.add_argument("--out", default="runs/bench", help="folder for results.json, results.md, chart.png")
+    bn.add_argument("--out", default=None, help="folder for results.json, results.md, chart.png "
+                    "(default: runs/bench; runs/bench-dllm with --dllm)")
     bn.add_argument("--quick", action="store_true", help="2 prompts, 16 new tokens, 1 repeat")
+    bn.add_argument("--dllm", default=None, metavar="MODEL",
+                    help="instead: the ParallelBench-style evaluation of a masked-diffusion LM on "
+                         "specjax.data.parallel_bench's vocabulary (e.g. tiny-dllm-tasks): accuracy vs tokens "
+                         "per forward of each sampler (specjax.bench.dllm)")
+    bn.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
+                    help="with --dllm: the tasks (default: all of specjax.data.parallel_bench.TASKS)")
+    bn.add_argument("--samplers", nargs="*", default=None, metavar="NAME",
+                    help="with --dllm: the samplers (default: all; --samplers alone lists them)")
+    bn.add_argument("--num-examples", type=count, default=None, metavar="N",
+                    help="with --dllm: seeded examples per task (default 64)")
+    bn.add_argument("--block", type=count, default=None, help="with --dllm: block length (default 8)")
     return ap
 
 
@@ -283,7 +299,7 @@ def cmd_convert(args) -> None:
           f"{'tokenizer copied' if copied else 'no tokenizer: the source has none'})")
 
 
-def cmd_bench(args) -> None:
+def cmd_bench(args) -> int | None:
     import shlex
 
     from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, measure, prepare, skipped
@@ -292,8 +308,14 @@ def cmd_bench(args) -> None:
     if args.methods == []:  # `--methods` alone: the list
         print("\n".join(f"{u}{_needs(m)}: {m.description}" for u, m in _bench_methods().items()))
         return
+    if args.dllm is not None or args.samplers == []:
+        return _bench_dllm(args)
+    given = [f for f, v in (("--tasks", args.tasks), ("--samplers", args.samplers),
+                            ("--num-examples", args.num_examples), ("--block", args.block)) if v is not None]
+    if given:
+        raise UsageError(f"{given[0]} is for --dllm MODEL")
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
-                      batches=tuple(args.batch), num_prompts=args.num_prompts,
+                      batches=tuple(args.batch or [1]), num_prompts=args.num_prompts,
                       max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=args.prompts,
                       temperature=args.temperature)
     if args.quick:
@@ -304,11 +326,44 @@ def cmd_bench(args) -> None:
         raise UsageError(str(e)) from None
     rows = measure(prepared)
     command = "python -m specjax " + shlex.join(args.argv)
-    write(rows, cfg, Path(args.out), command, skipped(cfg))
+    out = args.out or "runs/bench"
+    write(rows, cfg, Path(out), command, skipped(cfg))
     print(markdown(rows, skipped(cfg)))
     if caveat(cfg):
         print(f"\n{caveat(cfg)}")
-    print(f"\nwrote {args.out}/results.json, results.md, chart.png")
+    print(f"\nwrote {out}/results.json, results.md, chart.png")
+
+
+def _bench_dllm(args) -> int:
+    """`bench --dllm MODEL`: specjax.bench.dllm; exit status 1 when FreeDave's output differs
+    from static decoding's."""
+    import shlex
+
+    from specjax.bench import dllm
+
+    if args.samplers == []:  # `--samplers` alone: the list
+        print(dllm.listing())
+        return 0
+    if args.batch is not None and len(args.batch) > 1:
+        raise UsageError("--batch takes one size with --dllm")
+    defaults = dllm.DllmConfig(model=args.dllm)
+    cfg = dataclasses.replace(defaults, tasks=tuple(args.tasks or defaults.tasks),
+                              samplers=tuple(args.samplers) if args.samplers else None,
+                              num_examples=args.num_examples or defaults.num_examples,
+                              batch=args.batch[0] if args.batch else defaults.batch, block=args.block or defaults.block)
+    try:
+        prepared = dllm.prepare(cfg)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    rows, closed = dllm.measure(prepared)
+    out = Path(args.out or "runs/bench-dllm")
+    dllm.write(prepared, rows, closed, out, "python -m specjax " + shlex.join(args.argv))
+    print(dllm.markdown(rows, closed))
+    print(f"wrote {out}/results.json, results.md, {dllm.PLOT}")
+    if dllm.mismatches(rows):
+        print(dllm.mismatches(rows), file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv=None) -> int:

@@ -59,6 +59,9 @@ VALID = {
     "out": lambda f: [str(f.fresh())],
     "dir": lambda f: [str(f.fresh())],
     "methods": lambda f: [["ar"], ["prompt-lookup"]],
+    "dllm": lambda f: ["tiny"],  # not a masked-diffusion model: refused before it runs (a real one is a long job)
+    "tasks": lambda f: [["copy"], ["shuffle", "sudoku"]],
+    "samplers": lambda f: [["static"], ["threshold-0.9", "freedave-4"]],
     "structured.methods": lambda f: [["constrained-ar"], ["unconstrained-ar"]],  # the forced rows compile ~20 s
     "prompts": lambda f: ["stdlib", str(f["prompts.jsonl"])],
     "config": lambda f: [str(f["c.toml"])],
