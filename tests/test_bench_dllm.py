@@ -92,7 +92,7 @@ def test_bench_dllm_learn2pd_from_the_model_folder(tmp_path):
     sj.save(sj.Model.init(_config(mask_token_id=pb.MASK_ID), jax.random.key(0)), folder)
     n = 6  # the filter's block, not --block's
     learn2pd.save_filter(tuple((jax.random.normal(jax.random.key(i), (n, n)), jax.numpy.zeros(n)) for i in range(2)),
-                         folder / dllm.LEARN2PD_FILE)
+                         folder / dllm.FILTER_FILE)
     prep = dllm.prepare(dllm.DllmConfig(model=str(folder), tasks=("copy",), num_examples=2, batch=2))
     assert "learn2pd" in prep.samplers  # by default, since the folder has a filter
     prep = prep._replace(cfg=dataclasses.replace(prep.cfg, tasks=("reverse",)),

@@ -28,54 +28,14 @@ import numpy as np
 
 from specjax.bench.report import machine
 from specjax.data import parallel_bench as pb
-from specjax.diffusion import (AdaBlock, Canvas, Credit, DiffusionOutput, Entropy, Factor, Learn2PD, LocalLeap,
-                               Rule, Threshold, TopK, freedave, generate, make_canvas)
+from specjax.diffusion import Canvas, DiffusionOutput, TopK, make_canvas
+from specjax.diffusion.named import FILTER_FILE, SAMPLERS, Sampler, filter_of
 from specjax.models import Model
 
-LEARN2PD_FILE = "learn2pd.npz"
 CLOSED_FORM_TASKS = ("copy", "replace_random", "shuffle")
 CLOSED_FORM_K = (1, 2, 4, 8)
 GROUPS = {"deterministic": pb.DETERMINISTIC, "dependent": pb.DEPENDENT}
 PLOT = "quality_vs_parallelism.png"
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampler:
-    """A decoding method of the bench: a selection rule over fixed blocks of --block slots
-    (`adablock`: AdaBlock's blocks; `learn2pd`: the model folder's filter, its own block
-    length), or FreeDave with `drafts` drafts; run once per cache in `caches`. `eos_exit`:
-    once a row commits EOS, every slot after it is EOS (Learn2PD's end-of-text prediction)."""
-
-    description: str
-    rule: Rule | None = None
-    caches: tuple[str | None, ...] = (None,)
-    adablock: bool = False
-    learn2pd: bool = False
-    drafts: int = 0
-    eos_exit: bool = False
-
-
-SAMPLERS: dict[str, Sampler] = {
-    "static": Sampler("LLaDA low-confidence remasking, 1 token per forward (the baseline)", TopK(1)),
-    **{f"topk-{k}": Sampler(f"LLaDA low-confidence remasking, {k} tokens per forward (forced)", TopK(k))
-       for k in (2, 4, 8)},
-    **{f"threshold-{tau}": Sampler(f"Fast-dLLM: the most confident and every one with confidence >= {tau}",
-                                   Threshold(tau), caches=(None, "dual")) for tau in (0.9, 0.7, 0.5)},
-    "factor-1": Sampler("Fast-dLLM's factor rule, f = 1", Factor(1.0)),
-    "localleap": Sampler("LocalLeap: threshold 0.9, relaxed to 0.75 within 4 slots of an anchor", LocalLeap()),
-    "credit": Sampler("CreditDecoding: threshold 0.9 on logits fused with decayed trace credits", Credit()),
-    "entropy-0.5": Sampler("dParallel's decoding: the lowest-entropy one and every one with entropy < 0.5",
-                           Entropy(0.5)),
-    # The answers hold no separator (lists of names, digits, grid cells), so the only boundary a
-    # block can end at is the answer's end: AdaBlock's delimiter is EOS (`<sep>` is in prompts only).
-    "adablock": Sampler("AdaBlock-dLLM over threshold 0.9: a block ends after the most confident EOS "
-                        "(delimiter threshold 0.3) within the next quarter of the slots", Threshold(0.9),
-                        adablock=True),
-    "learn2pd": Sampler(f"Learn2PD: the filter MLP of MODEL/{LEARN2PD_FILE} (its own block length), "
-                        f"with end-of-text prediction", learn2pd=True, eos_exit=True),
-    **{f"freedave-{d}": Sampler(f"FreeDave: {d} drafts of static decoding verified per forward (lossless)",
-                                drafts=d) for d in (4, 8)},
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,14 +77,11 @@ def prepare(cfg: DllmConfig) -> Prepared:
     if c.mask_token_id != pb.MASK_ID or c.vocab_size < len(pb.VOCAB):
         raise ValueError(f"{cfg.model} is not on parallel_bench's vocabulary (mask id {c.mask_token_id}, "
                          f"vocab {c.vocab_size}; need mask id {pb.MASK_ID}, vocab >= {len(pb.VOCAB)})")
-    has_filter = (folder / LEARN2PD_FILE).is_file()
+    has_filter = (folder / FILTER_FILE).is_file()
     if cfg.samplers and "learn2pd" in cfg.samplers and not has_filter:
-        raise ValueError(f"the learn2pd sampler needs a filter at {folder / LEARN2PD_FILE}")
+        raise ValueError(f"the learn2pd sampler needs a filter at {folder / FILTER_FILE}")
     names = cfg.samplers or tuple(n for n, s in SAMPLERS.items() if has_filter or not s.learn2pd)
-    filter_params = None
-    if any(SAMPLERS[n].learn2pd for n in names):
-        from specjax.diffusion.learn2pd import load_filter
-        filter_params = load_filter(folder / LEARN2PD_FILE)
+    filter_params = filter_of(folder) if any(SAMPLERS[n].learn2pd for n in names) else None
     return Prepared(cfg, model, {n: SAMPLERS[n] for n in dict.fromkeys(names)}, filter_params)
 
 
@@ -152,20 +109,16 @@ def canvases(exs: list[pb.Example], batch: int, width: int) -> list[tuple[Canvas
 
 def block_of(prep: Prepared, sampler: Sampler) -> int:
     """A sampler's block length: --block, or the Learn2PD filter's (the block it was trained on)."""
-    return prep.filter_params[0][0].shape[0] if sampler.learn2pd else prep.cfg.block
+    return sampler.block_length(prep.cfg.block, prep.filter_params)
 
 
 def decode(prep: Prepared, sampler: Sampler, canvas: Canvas, cache: str | None = None, *,
            temperature: float = 0.0, key: jax.Array | None = None) -> DiffusionOutput:
-    fill = pb.EOS_ID if sampler.eos_exit else None
-    block = block_of(prep, sampler)
-    if sampler.drafts:
-        return freedave(prep.model, canvas, gen_length=pb.GEN_LENGTH, block_length=block, drafts=sampler.drafts,
-                        fill_after_eos=fill)
-    rule = Learn2PD(prep.filter_params, block_length=block) if sampler.learn2pd else sampler.rule
-    blocks = AdaBlock(block, delimiters=(pb.EOS_ID,)) if sampler.adablock else block
-    return generate(prep.model, canvas, gen_length=pb.GEN_LENGTH, blocks=blocks, rule=rule, cache=cache,
-                    temperature=temperature, key=key, fill_after_eos=fill)
+    # The answers hold no separator (lists of names, digits, grid cells), so the only boundary a
+    # block can end at is the answer's end: AdaBlock's delimiter is EOS (`<sep>` is in prompts only).
+    return sampler.run(prep.model, canvas, gen_length=pb.GEN_LENGTH, block=prep.cfg.block, eos_id=pb.EOS_ID,
+                       delimiters=(pb.EOS_ID,), filter_params=prep.filter_params, cache=cache,
+                       temperature=temperature, key=key)
 
 
 def _run(prep, sampler, batches, cache=None, temperature=0.0, seed=0, warmed=None):
