@@ -63,6 +63,11 @@ def _listing(methods: dict) -> str:
     return "; ".join(f"{name}{_needs(m)}: {m.description}" for name, m in methods.items()).replace("%", "%%")
 
 
+def _sampler_listing() -> str:
+    from specjax.diffusion.named import SAMPLERS
+    return "; ".join(f"{n}: {s.description}" for n, s in SAMPLERS.items()).replace("%", "%%")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(prog="python -m specjax", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     shape.add_argument("--grammar", type=Path, default=None, metavar="FILE.lark",
                        help="constrain the output to the Lark grammar in FILE (llguidance's dialect: "
                             "`start: ...`, /regex/ terminals, %%json {schema}; needs specjax[constraints])")
+    dllm = g.add_argument_group("masked-diffusion models (LLaDA, Dream, tiny-dllm-*): --max-new-tokens is "
+                                "the number of slots filled")
+    dllm.add_argument("--sampler", default=None, metavar="NAME",
+                      help="how many slots a forward commits (default threshold-0.9): " + _sampler_listing())
+    dllm.add_argument("--block", type=count, default=None, help="block length in slots (default 32)")
 
     c = sub.add_parser("convert", help="convert a model to a specjax checkpoint or an HF folder",
                        description="Convert an HF folder, a specjax checkpoint, a .gguf file or a named model "
@@ -218,6 +228,11 @@ def _generate(args, new: list[int]) -> None:
     if args.system is not None and not chat:
         raise UsageError("--system needs --chat (a model with a chat template)")
     model = _load(folder, "--model")
+    if model.config.bidirectional:
+        return _generate_diffusion(args, folder, model, tokenizer, chat)
+    if args.sampler is not None or args.block is not None:
+        raise UsageError(f"--sampler and --block are for masked-diffusion models; {args.model} decodes left "
+                         f"to right (choose its method with --drafter)")
     name = args.drafter or default_drafter(model, args.temperature)
     draft = None
     if "draft model" in methods.METHODS[name].needs:
@@ -226,14 +241,7 @@ def _generate(args, new: list[int]) -> None:
         raise UsageError(f"--draft is for the drafters that need a draft model "
                          f"({', '.join(n for n, m in _generate_methods().items() if 'draft model' in m.needs)}), "
                          f"not {name}")
-    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
-    try:
-        ids = (tokenizer.chat(messages + [{"role": "user", "content": args.prompt}]) if chat
-               else tokenizer.encode(args.prompt))
-    except Exception as e:  # the template raised (e.g. a role it does not accept)
-        raise UsageError(f"cannot apply the chat template: {e}") from None
-    if not ids:
-        raise UsageError("--prompt is empty after tokenization")
+    ids = _prompt_ids(args, tokenizer, chat)
     eos = sorted({*tokenizer.eos_token_ids, *([model.config.eos_token_id] if model.config.eos_token_id is not None else [])})
     try:
         check_positions(model.config, len(ids), args.max_new_tokens)  # before the echo
@@ -260,6 +268,63 @@ def _generate(args, new: list[int]) -> None:
     print(f"\n[{len(new)} new tokens, {stats.tokens_per_s:.1f} tokens/s, tau {stats.tau:.2f}, "
           f"method {name}{why}, verifier {stats.verifier}, compile {stats.compile_s:.1f} s]",
           file=sys.stderr)
+
+
+def _prompt_ids(args, tokenizer, chat: bool) -> list[int]:
+    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+    try:
+        ids = (tokenizer.chat(messages + [{"role": "user", "content": args.prompt}]) if chat
+               else tokenizer.encode(args.prompt))
+    except Exception as e:  # the template raised (e.g. a role it does not accept)
+        raise UsageError(f"cannot apply the chat template: {e}") from None
+    if not ids:
+        raise UsageError("--prompt is empty after tokenization")
+    return ids
+
+
+def _generate_diffusion(args, folder, model, tokenizer, chat: bool) -> None:
+    """A masked-diffusion model fills --max-new-tokens slots with a named sampler, then prints
+    them (up to the first EOS) and a status line."""
+    import time
+
+    import jax
+
+    from specjax import diffusion
+    from specjax.diffusion.named import filter_of, find
+
+    ar_only = [flag for flag, value in (("--drafter", args.drafter), ("--draft", args.draft),
+                                        ("--top-k", args.top_k), ("--top-p", args.top_p),
+                                        ("--json-schema", args.json_schema), ("--regex", args.regex),
+                                        ("--grammar", args.grammar)) if value is not None]
+    if ar_only:
+        raise UsageError(f"{ar_only[0]} is for left-to-right models; {args.model} is a masked-diffusion model "
+                         f"(choose how it decodes with --sampler)")
+    ids = _prompt_ids(args, tokenizer, chat)
+    name = args.sampler or "threshold-0.9"
+    c = model.config
+    eos = [*tokenizer.eos_token_ids, *([c.eos_token_id] if c.eos_token_id is not None else [])]
+    try:
+        sampler = find(name)
+        if len(ids) + args.max_new_tokens > c.max_position_embeddings:
+            raise ValueError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {args.max_new_tokens} exceed "
+                             f"the model's {c.max_position_embeddings} positions")
+        canvas = diffusion.make_canvas([ids], args.max_new_tokens, c.mask_token_id)
+        block = min(args.block or 32, args.max_new_tokens)
+        start = time.perf_counter()
+        out = sampler.run(model, canvas, gen_length=args.max_new_tokens, block=block,
+                          eos_id=eos[0] if eos else None, filter_params=filter_of(folder),
+                          delimiters=tuple(tokenizer.encode("\n")[-1:]), temperature=args.temperature,
+                          key=jax.random.key(args.seed))
+        tokens = [int(t) for t in out.tokens[0]]
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    seconds = time.perf_counter() - start
+    end = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+    text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
+    print(text if chat else f"{args.prompt}{text}" if text[:1].isspace() else f"{args.prompt} {text}")
+    nfe = int(out.nfe[0])
+    print(f"[{end} new tokens in {len(tokens)} slots, {nfe} forwards ({len(tokens) / nfe:.2f} slots a forward), "
+          f"sampler {name}, {seconds:.1f} s with compile]", file=sys.stderr)
 
 
 def _constraint(args, tokenizer):

@@ -290,7 +290,7 @@ def test_generate_and_stream_refuse_a_masked_diffusion_model(tmp_path):
         sj.stream(model, [1, 2, 3], max_new_tokens=4)
 
 
-def test_cli_generate_refuses_a_masked_diffusion_model(tmp_path, capsys):
+def test_cli_generate_decodes_a_masked_diffusion_model_with_a_sampler(tmp_path, capsys):
     import jax
 
     from specjax.__main__ import main
@@ -301,6 +301,13 @@ def test_cli_generate_refuses_a_masked_diffusion_model(tmp_path, capsys):
                             num_layers=1, num_heads=2, num_kv_heads=2, head_dim=16, max_position_embeddings=1024,
                             mask_token_id=tiny.vocab_size - 1)
     sj.save(sj.Model.init(config, jax.random.key(0)), tmp_path / "m", format="hf", tokenizer=resolve("tiny"))
-    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "x = "]) == 2
+    model = ["--model", str(tmp_path / "m"), "--prompt", "x = "]
+    assert main(["generate", *model, "--max-new-tokens", "8", "--block", "4", "--sampler", "static"]) == 0
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "decode it with specjax.diffusion" in err
+    assert out.startswith("x = ") and "8 forwards" in err and "sampler static" in err
+    for bad in (["--drafter", "prompt-lookup"], ["--sampler", "fastest"], ["--sampler", "learn2pd"]):
+        assert main(["generate", *model, *bad]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, bad
+    assert main(["generate", "--model", "tiny", "--prompt", "x", "--sampler", "static"]) == 2
+    assert "masked-diffusion" in capsys.readouterr().err
