@@ -1,5 +1,5 @@
 """Write the docs made from the code: docs/api.md from the docstrings of specjax's public names
-(`specjax`, `specjax.drafters`, `specjax.verify` and `specjax.constraints`: each package's
+(`specjax`, `specjax.drafters`, `specjax.verify`, `specjax.constraints` and `specjax.diffusion`: each package's
 `__all__`, under the first paragraph of its docstring; the method registry (`specjax.methods`)
 and the target protocol (`specjax.models.target`): the names listed, under the module's whole
 docstring), and README.md's methods table from the registry (`methods_table()`).
@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 MODULES = {"specjax": None, "specjax.drafters": None, "specjax.verify": None, "specjax.constraints": None,
+           "specjax.diffusion": None,
            "specjax.methods": ("Method", "make", "find", "methods_table"),
            "specjax.models.target": ("Target", "TargetConfig")}
 """Each module with the names it documents (None: its `__all__`)."""

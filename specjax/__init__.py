@@ -7,7 +7,7 @@
 
 import jax
 
-from specjax import constraints, drafters, sampling, sharding, verify
+from specjax import constraints, diffusion, drafters, sampling, sharding, verify
 from specjax.adaptive import Adaptive
 from specjax.convert import load, load_gguf, save
 from specjax.decoding import GenerateOutput, generate, make_generate, stream
@@ -36,5 +36,5 @@ def forward(model: Model, tokens):
 
 
 __all__ = ["Model", "ModelConfig", "KVCache", "Adaptive", "GenerateOutput", "Stats", "load", "load_gguf", "save", "forward",
-           "generate", "make_generate", "stream", "sampling", "sharding", "shard", "constraints", "drafters", "verify", "DraftTree", "Verdict", "quantize",
+           "generate", "make_generate", "stream", "sampling", "sharding", "shard", "constraints", "diffusion", "drafters", "verify", "DraftTree", "Verdict", "quantize",
            "QuantizedWeight", "load_tokenizer", "TextTokenizer"]

@@ -3,7 +3,8 @@
   generate  generate text from a prompt, printing it as it comes
   convert   convert a model (HF folder, specjax checkpoint, GGUF file or name) to a specjax
             checkpoint or an HF folder
-  bench     tau, tokens/s and speedup of every decoding method on a prompt set
+  bench     tau, tokens/s and speedup of every decoding method on a prompt set (--dllm: a
+            masked-diffusion LM's samplers on ParallelBench-style tasks)
 
 Training is `python -m specjax.train`. Bad input is one line on stderr and exit status 2;
 Ctrl-C is one line and exit status 130.
@@ -62,6 +63,11 @@ def _listing(methods: dict) -> str:
     return "; ".join(f"{name}{_needs(m)}: {m.description}" for name, m in methods.items()).replace("%", "%%")
 
 
+def _sampler_listing() -> str:
+    from specjax.diffusion.named import SAMPLERS
+    return "; ".join(f"{n}: {s.description}" for n, s in SAMPLERS.items()).replace("%", "%%")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(prog="python -m specjax", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     shape.add_argument("--grammar", type=Path, default=None, metavar="FILE.lark",
                        help="constrain the output to the Lark grammar in FILE (llguidance's dialect: "
                             "`start: ...`, /regex/ terminals, %%json {schema}; needs specjax[constraints])")
+    dllm = g.add_argument_group("masked-diffusion models (LLaDA, Dream, tiny-dllm-*): --max-new-tokens is "
+                                "the number of slots filled")
+    dllm.add_argument("--sampler", default=None, metavar="NAME",
+                      help="how many slots a forward commits (default threshold-0.9): " + _sampler_listing())
+    dllm.add_argument("--block", type=count, default=None, help="block length in slots (default 32)")
 
     c = sub.add_parser("convert", help="convert a model to a specjax checkpoint or an HF folder",
                        description="Convert an HF folder, a specjax checkpoint, a .gguf file or a named model "
@@ -115,7 +126,9 @@ def _parser() -> argparse.ArgumentParser:
 
     bn = sub.add_parser("bench", help="tau, tokens/s and speedup of every method on a prompt set",
                         description="Measure tau, tokens/s and speedup over AR of each method on a prompt "
-                                    "set; write results.json, results.md and chart.png to --out.")
+                                    "set; write results.json, results.md and chart.png to --out. With --dllm "
+                                    "MODEL: accuracy vs tokens per forward of a masked-diffusion LM's samplers "
+                                    "on ParallelBench-style tasks instead.")
     bn.add_argument("--model", default="tiny", help="model name (tiny, smollm2), HF folder or .gguf file")
     bn.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for the methods that need one: "
                     + ", ".join(u for u, m in _bench_methods().items() if "draft model" in m.needs))
@@ -125,15 +138,28 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--prompts", default="stdlib",
                     help="stdlib (held-out code, for the tiny model), humaneval, chat (the "
                          "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")
-    bn.add_argument("--batch", type=count, nargs="+", default=[1], metavar="B", help="batch sizes (>= 1)")
+    bn.add_argument("--batch", type=count, nargs="+", default=None, metavar="B",
+                    help="batch sizes (>= 1; default 1); with --dllm one size, the examples per canvas (default 16)")
     bn.add_argument("--max-new-tokens", type=count, default=128, help="new tokens per prompt (>= 1)")
     bn.add_argument("--temperature", type=temperature, default=0.0,
                     help="sample with each method's exact rule (transformers rows are greedy only)")
     bn.add_argument("--repeats", type=count, default=3, help="timed runs per method (>= 1); the best counts")
     bn.add_argument("--num-prompts", type=_all_or(count), default=8, metavar="N",
                     help="how many prompts (>= 1), taken in turn from each category, or 'all'")
-    bn.add_argument("--out", default="runs/bench", help="folder for results.json, results.md, chart.png")
+    bn.add_argument("--out", default=None, help="folder for results.json, results.md, chart.png "
+                    "(default: runs/bench; runs/bench-dllm with --dllm)")
     bn.add_argument("--quick", action="store_true", help="2 prompts, 16 new tokens, 1 repeat")
+    bn.add_argument("--dllm", default=None, metavar="MODEL",
+                    help="instead: the ParallelBench-style evaluation of a masked-diffusion LM on "
+                         "specjax.data.parallel_bench's vocabulary (e.g. tiny-dllm-tasks): accuracy vs tokens "
+                         "per forward of each sampler (specjax.bench.dllm)")
+    bn.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
+                    help="with --dllm: the tasks (default: all of specjax.data.parallel_bench.TASKS)")
+    bn.add_argument("--samplers", nargs="*", default=None, metavar="NAME",
+                    help="with --dllm: the samplers (default: all; --samplers alone lists them)")
+    bn.add_argument("--num-examples", type=count, default=None, metavar="N",
+                    help="with --dllm: seeded examples per task (default 64)")
+    bn.add_argument("--block", type=count, default=None, help="with --dllm: block length (default 8)")
     return ap
 
 
@@ -202,6 +228,11 @@ def _generate(args, new: list[int]) -> None:
     if args.system is not None and not chat:
         raise UsageError("--system needs --chat (a model with a chat template)")
     model = _load(folder, "--model")
+    if model.config.bidirectional:
+        return _generate_diffusion(args, folder, model, tokenizer, chat)
+    if args.sampler is not None or args.block is not None:
+        raise UsageError(f"--sampler and --block are for masked-diffusion models; {args.model} decodes left "
+                         f"to right (choose its method with --drafter)")
     name = args.drafter or default_drafter(model, args.temperature)
     draft = None
     if "draft model" in methods.METHODS[name].needs:
@@ -210,14 +241,7 @@ def _generate(args, new: list[int]) -> None:
         raise UsageError(f"--draft is for the drafters that need a draft model "
                          f"({', '.join(n for n, m in _generate_methods().items() if 'draft model' in m.needs)}), "
                          f"not {name}")
-    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
-    try:
-        ids = (tokenizer.chat(messages + [{"role": "user", "content": args.prompt}]) if chat
-               else tokenizer.encode(args.prompt))
-    except Exception as e:  # the template raised (e.g. a role it does not accept)
-        raise UsageError(f"cannot apply the chat template: {e}") from None
-    if not ids:
-        raise UsageError("--prompt is empty after tokenization")
+    ids = _prompt_ids(args, tokenizer, chat)
     eos = sorted({*tokenizer.eos_token_ids, *([model.config.eos_token_id] if model.config.eos_token_id is not None else [])})
     try:
         check_positions(model.config, len(ids), args.max_new_tokens)  # before the echo
@@ -244,6 +268,63 @@ def _generate(args, new: list[int]) -> None:
     print(f"\n[{len(new)} new tokens, {stats.tokens_per_s:.1f} tokens/s, tau {stats.tau:.2f}, "
           f"method {name}{why}, verifier {stats.verifier}, compile {stats.compile_s:.1f} s]",
           file=sys.stderr)
+
+
+def _prompt_ids(args, tokenizer, chat: bool) -> list[int]:
+    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+    try:
+        ids = (tokenizer.chat(messages + [{"role": "user", "content": args.prompt}]) if chat
+               else tokenizer.encode(args.prompt))
+    except Exception as e:  # the template raised (e.g. a role it does not accept)
+        raise UsageError(f"cannot apply the chat template: {e}") from None
+    if not ids:
+        raise UsageError("--prompt is empty after tokenization")
+    return ids
+
+
+def _generate_diffusion(args, folder, model, tokenizer, chat: bool) -> None:
+    """A masked-diffusion model fills --max-new-tokens slots with a named sampler, then prints
+    them (up to the first EOS) and a status line."""
+    import time
+
+    import jax
+
+    from specjax import diffusion
+    from specjax.diffusion.named import filter_of, find
+
+    ar_only = [flag for flag, value in (("--drafter", args.drafter), ("--draft", args.draft),
+                                        ("--top-k", args.top_k), ("--top-p", args.top_p),
+                                        ("--json-schema", args.json_schema), ("--regex", args.regex),
+                                        ("--grammar", args.grammar)) if value is not None]
+    if ar_only:
+        raise UsageError(f"{ar_only[0]} is for left-to-right models; {args.model} is a masked-diffusion model "
+                         f"(choose how it decodes with --sampler)")
+    ids = _prompt_ids(args, tokenizer, chat)
+    name = args.sampler or "threshold-0.9"
+    c = model.config
+    eos = [*tokenizer.eos_token_ids, *([c.eos_token_id] if c.eos_token_id is not None else [])]
+    try:
+        sampler = find(name)
+        if len(ids) + args.max_new_tokens > c.max_position_embeddings:
+            raise ValueError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {args.max_new_tokens} exceed "
+                             f"the model's {c.max_position_embeddings} positions")
+        canvas = diffusion.make_canvas([ids], args.max_new_tokens, c.mask_token_id)
+        block = min(args.block or 32, args.max_new_tokens)
+        start = time.perf_counter()
+        out = sampler.run(model, canvas, gen_length=args.max_new_tokens, block=block,
+                          eos_id=eos[0] if eos else None, filter_params=filter_of(folder),
+                          delimiters=tuple(tokenizer.encode("\n")[-1:]), temperature=args.temperature,
+                          key=jax.random.key(args.seed))
+        tokens = [int(t) for t in out.tokens[0]]
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    seconds = time.perf_counter() - start
+    end = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+    text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
+    print(text if chat else f"{args.prompt}{text}" if text[:1].isspace() else f"{args.prompt} {text}")
+    nfe = int(out.nfe[0])
+    print(f"[{end} new tokens in {len(tokens)} slots, {nfe} forwards ({len(tokens) / nfe:.2f} slots a forward), "
+          f"sampler {name}, {seconds:.1f} s with compile]", file=sys.stderr)
 
 
 def _constraint(args, tokenizer):
@@ -283,7 +364,7 @@ def cmd_convert(args) -> None:
           f"{'tokenizer copied' if copied else 'no tokenizer: the source has none'})")
 
 
-def cmd_bench(args) -> None:
+def cmd_bench(args) -> int | None:
     import shlex
 
     from specjax.bench.harness import DEFAULT_METHODS, BenchConfig, measure, prepare, skipped
@@ -292,8 +373,14 @@ def cmd_bench(args) -> None:
     if args.methods == []:  # `--methods` alone: the list
         print("\n".join(f"{u}{_needs(m)}: {m.description}" for u, m in _bench_methods().items()))
         return
+    if args.dllm is not None or args.samplers == []:
+        return _bench_dllm(args)
+    given = [f for f, v in (("--tasks", args.tasks), ("--samplers", args.samplers),
+                            ("--num-examples", args.num_examples), ("--block", args.block)) if v is not None]
+    if given:
+        raise UsageError(f"{given[0]} is for --dllm MODEL")
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
-                      batches=tuple(args.batch), num_prompts=args.num_prompts,
+                      batches=tuple(args.batch or [1]), num_prompts=args.num_prompts,
                       max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=args.prompts,
                       temperature=args.temperature)
     if args.quick:
@@ -304,11 +391,44 @@ def cmd_bench(args) -> None:
         raise UsageError(str(e)) from None
     rows = measure(prepared)
     command = "python -m specjax " + shlex.join(args.argv)
-    write(rows, cfg, Path(args.out), command, skipped(cfg))
+    out = args.out or "runs/bench"
+    write(rows, cfg, Path(out), command, skipped(cfg))
     print(markdown(rows, skipped(cfg)))
     if caveat(cfg):
         print(f"\n{caveat(cfg)}")
-    print(f"\nwrote {args.out}/results.json, results.md, chart.png")
+    print(f"\nwrote {out}/results.json, results.md, chart.png")
+
+
+def _bench_dllm(args) -> int:
+    """`bench --dllm MODEL`: specjax.bench.dllm; exit status 1 when FreeDave's output differs
+    from static decoding's."""
+    import shlex
+
+    from specjax.bench import dllm
+
+    if args.samplers == []:  # `--samplers` alone: the list
+        print(dllm.listing())
+        return 0
+    if args.batch is not None and len(args.batch) > 1:
+        raise UsageError("--batch takes one size with --dllm")
+    defaults = dllm.DllmConfig(model=args.dllm)
+    cfg = dataclasses.replace(defaults, tasks=tuple(args.tasks or defaults.tasks),
+                              samplers=tuple(args.samplers) if args.samplers else None,
+                              num_examples=args.num_examples or defaults.num_examples,
+                              batch=args.batch[0] if args.batch else defaults.batch, block=args.block or defaults.block)
+    try:
+        prepared = dllm.prepare(cfg)
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
+    rows, closed = dllm.measure(prepared)
+    out = Path(args.out or "runs/bench-dllm")
+    dllm.write(prepared, rows, closed, out, "python -m specjax " + shlex.join(args.argv))
+    print(dllm.markdown(rows, closed))
+    print(f"wrote {out}/results.json, results.md, {dllm.PLOT}")
+    if dllm.mismatches(rows):
+        print(dllm.mismatches(rows), file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv=None) -> int:

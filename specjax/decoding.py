@@ -142,6 +142,9 @@ def plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter: Dr
     verifier (None: the drafter's exact default), sampling settings, the constraint (None:
     `Unconstrained`; its EOS ids join the request's) and the cache size; with `target`, the
     drafter is checked against it. Errors name the bad argument."""
+    if config.bidirectional:
+        raise ValueError(f"this {config.model_type} model is a masked-diffusion LM (mask_token_id "
+                         f"{config.mask_token_id}): decode it with specjax.diffusion, not left to right")
     params = sampling.SamplingParams(float(request.temperature), request.top_k, request.top_p)
     constraint = request.constraint
     if constraint is None:

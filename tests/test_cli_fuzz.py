@@ -60,6 +60,10 @@ VALID = {
     "out": lambda f: [str(f.fresh())],
     "dir": lambda f: [str(f.fresh())],
     "methods": lambda f: [["ar"], ["prompt-lookup"]],
+    "dllm": lambda f: ["tiny"],  # not a masked-diffusion model: refused before it runs (a real one is a long job)
+    "tasks": lambda f: [["copy"], ["shuffle", "sudoku"]],
+    "samplers": lambda f: [["static"], ["threshold-0.9", "freedave-4"]],
+    "sampler": lambda f: ["static", "threshold-0.9"],  # with --model tiny: refused (not a dLLM)
     "structured.methods": lambda f: [["constrained-ar"], ["unconstrained-ar"]],  # the forced rows compile ~20 s
     "prompts": lambda f: ["stdlib", str(f["prompts.jsonl"])],
     "config": lambda f: [str(f["c.toml"])],

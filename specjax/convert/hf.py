@@ -1,5 +1,6 @@
 """Hugging Face safetensors folders <-> specjax Model (Llama, Mistral, Qwen2/2.5, Qwen3, Gemma
-1/2/3; of Gemma3ForConditionalGeneration the language model, its vision tower left out)."""
+1/2/3; of Gemma3ForConditionalGeneration the language model, its vision tower left out; the
+masked-diffusion LMs LLaDA and Dream)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -18,17 +20,36 @@ from specjax.models import Model, ModelConfig, param_shapes
 from specjax.models.params import LAYER, LLAMA, Param
 
 # Tensor names are the declared `hf` names (specjax.models.params): per layer under
-# model.layers.N. Linear weights (`matmul`) are torch [out, in]; ours [in, out].
+# model.layers.N; LLaDA's are OLMo's (below). Linear weights (`matmul`) are torch [out, in]; ours
+# [in, out].
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$|(model\.)?(vision_tower|multi_modal_projector)\..*")
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 # the language model inside Gemma3ForConditionalGeneration, as transformers 5 and 4 name it
 _LANGUAGE_MODEL = re.compile(r"model\.language_model\.|language_model\.model\.")
 _TOP = {p.hf: (name, p) for name, p in LLAMA.items() if isinstance(p, Param)}
+# LLaDA (modeling_llada.py's LLaDAModel with LLaDALlamaBlocks): specjax name -> its tensor name,
+# per layer under model.transformer.blocks.N; ff_proj is the gate, ff_out the down projection
+_LLADA_TOP = {"embed": "model.transformer.wte.weight", "norm": "model.transformer.ln_f.weight",
+              "lm_head": "model.transformer.ff_out.weight"}
+_LLADA_LAYER = {"attn_norm": "attn_norm.weight", "wq": "q_proj.weight", "wk": "k_proj.weight",
+                "wv": "v_proj.weight", "wo": "attn_out.weight", "mlp_norm": "ff_norm.weight",
+                "w_gate": "ff_proj.weight", "w_up": "up_proj.weight", "w_down": "ff_out.weight"}
 
 
-def _layer_keys(config: ModelConfig) -> dict[str, tuple[str, Param]]:
-    """HF per-layer name -> (specjax name, declaration), of the layer params `config` has."""
-    return {p.hf_name(config): (name, p) for name, p in LAYER.items() if p.present(config)}
+class _Names(NamedTuple):
+    """A family's tensor names: top-level and per-layer (under `prefix`N.) HF name -> (specjax
+    name, declaration), of the params `config` has (a tied model's head among the top ones)."""
+
+    top: dict[str, tuple[str, Param]]
+    layer: dict[str, tuple[str, Param]]
+    prefix: str
+
+
+def _names(config: ModelConfig) -> _Names:
+    layer = {name: p for name, p in LAYER.items() if p.present(config)}
+    if config.model_type == "llada":
+        return _Names({_LLADA_TOP[name]: (name, p) for name, p in LLAMA.items() if isinstance(p, Param)},
+                      {_LLADA_LAYER[name]: (name, p) for name, p in layer.items()}, "model.transformer.blocks.")
+    return _Names(_TOP, {p.hf_name(config): (name, p) for name, p in layer.items()}, "model.layers.")
 
 
 def _weight_files(folder: Path) -> list[Path]:
@@ -62,8 +83,9 @@ def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
     config = ModelConfig.from_json_file(folder / "config.json", dtype=dtype)
     shapes = param_shapes(config)
-    layer_keys = _layer_keys(config)
-    per_layer: dict[str, list] = {name: [None] * config.num_layers for name, _ in layer_keys.values()}
+    names = _names(config)
+    layer_re = re.compile(re.escape(names.prefix) + r"(\d+)\.(.+)")
+    per_layer: dict[str, list] = {name: [None] * config.num_layers for name, _ in names.layer.values()}
     top: dict[str, np.ndarray] = {}
     unexpected = []
     for file in _weight_files(folder):
@@ -72,21 +94,21 @@ def load_hf(path: str | os.PathLike, dtype: str | None = None) -> Model:
                 if _IGNORED.fullmatch(key):
                     continue
                 plain = _LANGUAGE_MODEL.sub("model.", key, count=1)
-                m = _LAYER_RE.fullmatch(plain)
-                if m and m.group(2) in layer_keys and int(m.group(1)) < config.num_layers:
-                    name, p = layer_keys[m.group(2)]
+                m = layer_re.fullmatch(plain)
+                if m and m.group(2) in names.layer and int(m.group(1)) < config.num_layers:
+                    name, p = names.layer[m.group(2)]
                     want = shapes["layers"][name][1:]
                     per_layer[name][int(m.group(1))] = _checked(f.get_tensor(key), key, want, p.matmul)
-                elif plain in _TOP:
-                    name, p = _TOP[plain]
+                elif plain in names.top:
+                    name, p = names.top[plain]
                     if not p.present(config):
                         continue  # a tied model's lm_head: the head is the embedding
                     top[name] = _checked(f.get_tensor(key), key, shapes[name], p.matmul)
                 else:
                     unexpected.append(key)
-    missing = [f"model.layers.{i}.{hf}" for hf, (n, _) in layer_keys.items()
+    missing = [f"{names.prefix}{i}.{hf}" for hf, (n, _) in names.layer.items()
                for i, w in enumerate(per_layer[n]) if w is None]
-    missing += [p.hf for n, p in LLAMA.items() if isinstance(p, Param) and p.present(config) and n not in top]
+    missing += [hf for hf, (n, p) in names.top.items() if p.present(config) and n not in top]
     if missing or unexpected:
         raise ValueError(f"{folder}: checkpoint does not match config.json "
                          f"(missing tensors: {missing[:8]}{' ...' if len(missing) > 8 else ''}; "
@@ -118,18 +140,19 @@ def save_hf(model: Model, path: str | os.PathLike) -> None:
     config, params = model.config, model.params
     if any(isinstance(w, QuantizedWeight) for w in [*params["layers"].values(), params.get("lm_head")]):
         raise ValueError("cannot write a quantized model in HF format; save it with format='specjax'")
+    hf_config = config.to_hf()  # first: it refuses a config its family's config.json cannot express
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for key, (name, p) in _TOP.items():
+    names, tensors = _names(config), {}
+    for key, (name, p) in names.top.items():
         if name in params:
             tensors[key] = params[name].T if p.matmul else params[name]
-    for hf_name, (name, p) in _layer_keys(config).items():
+    for hf_name, (name, p) in names.layer.items():
         for i in range(config.num_layers):
             w = params["layers"][name][i]
-            tensors[f"model.layers.{i}.{hf_name}"] = w.T if p.matmul else w
+            tensors[f"{names.prefix}{i}.{hf_name}"] = w.T if p.matmul else w
     weights = folder / "model.safetensors"
     save_file({k: jnp.asarray(v) for k, v in tensors.items()}, str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)  # safetensors writes 0600; a model folder is meant to be shared
     with open(folder / "config.json", "w") as f:
-        json.dump(config.to_hf(), f, indent=2)
+        json.dump(hf_config, f, indent=2)

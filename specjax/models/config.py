@@ -1,5 +1,5 @@
-"""ModelConfig: the static description of a Llama- or Gemma-family model, read from an HF
-`config.json`."""
+"""ModelConfig: the static description of a Llama- or Gemma-family model (or a masked-diffusion
+LM of the same layout: LLaDA, Dream), read from an HF `config.json`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from typing import Any
 
 import jax.numpy as jnp
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "llada", "dream")
 GEMMA = ("gemma", "gemma2", "gemma3")
+# masked-diffusion LMs and the mask ids their configs default to: LLaDA (a Llama layout under
+# its own names, `specjax.convert.hf`) and Dream (Qwen2's, logits shifted)
+DLLM_MASK_IDS = {"llada": 126336, "dream": 151666}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -129,13 +132,17 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any], dtype: str | None = None) -> "ModelConfig":
         """Build from an HF config dict (old `rope_theta`/`rope_scaling` or new `rope_parameters`;
-        for Gemma 3 also `gemma3_text` and the `text_config` of Gemma3ForConditionalGeneration)."""
+        for Gemma 3 also `gemma3_text` and the `text_config` of Gemma3ForConditionalGeneration;
+        LLaDA's own field names (`d_model`, `n_layers`, ...); Dream's `model_type` "Dream")."""
         hf = _text_config(hf)
-        model_type = hf.get("model_type")
+        if hf.get("model_type") == "llada":
+            hf = _llada_config(hf)
+        model_type = {"Dream": "dream"}.get(hf.get("model_type"), hf.get("model_type"))
         if model_type not in SUPPORTED_MODEL_TYPES:
             archs = hf.get("architectures")
+            moe = " (mixture-of-experts dLLMs are not supported)" if "moe" in f"{model_type}{archs}".lower() else ""
             raise ValueError(
-                f"unsupported model_type {model_type!r} (architectures {archs}); "
+                f"unsupported model_type {model_type!r} (architectures {archs}){moe}; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -166,9 +173,9 @@ class ModelConfig:
             sliding = None  # Qwen2 configs carry a window that is off unless use_sliding_window
         if model_type == "qwen3" and not hf.get("use_sliding_window", False):
             sliding = None
-        if model_type == "gemma":
-            sliding = None
-        if hf.get("mlp_bias") or (model_type != "qwen2" and hf.get("attention_bias")):
+        if model_type in ("gemma", "dream"):
+            sliding = None  # Dream's attention (SDPA) ignores its config's window
+        if hf.get("mlp_bias") or (model_type not in ("qwen2", "dream") and hf.get("attention_bias")):
             raise ValueError(f"{model_type} with mlp_bias or attention_bias (output-projection "
                              f"biases) is not supported")
         if hf.get("use_bidirectional_attention"):
@@ -196,7 +203,7 @@ class ModelConfig:
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)),
-            attention_bias=model_type == "qwen2",
+            attention_bias=model_type in ("qwen2", "dream"),
             qk_norm=model_type in ("qwen3", "gemma3"),
             sliding_window=sliding,
             layer_types=_layer_types(hf, model_type) if sliding is not None else None,
@@ -212,18 +219,23 @@ class ModelConfig:
             dtype=dtype,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
-            mask_token_id=hf.get("mask_token_id"),
-            shift_logits=bool(hf.get("shift_logits", False)),
+            mask_token_id=(DLLM_MASK_IDS.get(model_type) if hf.get("mask_token_id") is None
+                           else hf["mask_token_id"]),
+            shift_logits=model_type == "dream" or bool(hf.get("shift_logits", False)),  # Dream's always are
         )
 
     def to_hf(self) -> dict[str, Any]:
-        """An HF config dict that transformers loads (old-style rope keys, read by every version)."""
+        """An HF config dict that transformers loads (old-style rope keys, read by every version);
+        for LLaDA and Dream, the config.json their remote code reads, which must read back as
+        this config (else a ValueError names the fields it cannot express)."""
+        if self.model_type == "llada":
+            return _reads_back(self, _llada_hf(self))
         arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma": "GemmaForCausalLM",
-                "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[self.model_type]
+                "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "dream": "DreamModel"}[self.model_type]
         hf: dict[str, Any] = {
             "architectures": [arch],
-            "model_type": "gemma3_text" if self.model_type == "gemma3" else self.model_type,
+            "model_type": {"gemma3": "gemma3_text", "dream": "Dream"}.get(self.model_type, self.model_type),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -259,7 +271,7 @@ class ModelConfig:
                 hf["use_sliding_window"] = True
         elif self.model_type == "mistral":
             hf["sliding_window"] = None
-        return hf
+        return _reads_back(self, hf) if self.model_type == "dream" else hf
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, dtype: str | None = None) -> "ModelConfig":
@@ -269,6 +281,75 @@ class ModelConfig:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: not valid JSON ({e})") from None
         return cls.from_hf(hf, dtype=dtype)
+
+
+def _reads_back(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
+    """`hf`, after checking that from_hf reads it back as `config`."""
+    back = ModelConfig.from_hf(hf)
+    lost = [f.name for f in dataclasses.fields(config) if getattr(back, f.name) != getattr(config, f.name)]
+    if lost:
+        raise ValueError(f"a {config.model_type} config.json cannot express this config's {', '.join(lost)}")
+    return hf
+
+
+# LLaDA's architecture switches: (the default of its configuration_llada.py, the one value the
+# llama forward runs). Its other block types, activations and norms, biases, ALiBi, q/k norms and
+# embedding or logit scaling are refused.
+_LLADA_SWITCHES = {
+    "block_type": ("sequential", "llama"), "activation_type": ("swiglu", "silu"),
+    "layer_norm_type": ("default", "rms"), "rope": (False, True), "alibi": (False, False),
+    "include_bias": (False, False), "include_qkv_bias": (False, False), "bias_for_layer_norm": (False, False),
+    "layer_norm_with_affine": (True, True), "attention_layer_norm": (False, False),
+    "input_emb_norm": (False, False), "scale_logits": (False, False), "block_group_size": (1, 1),
+}
+
+
+def _llada_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """LLaDA's config.json (`d_model`, `n_layers`, ... of its OLMo-derived LLaDAConfig) as the HF
+    Llama fields from_hf reads. The embedding and head hold `embedding_size` rows (>= vocab_size,
+    the rows past the tokenizer's padding), and the reference's logits span them all: so does
+    vocab_size here. What the llama forward cannot run is refused, naming the keys."""
+    archs = hf.get("architectures") or ["LLaDAModelLM"]
+    experts = sorted(k for k in hf if "expert" in k or "moe" in k)
+    if archs != ["LLaDAModelLM"] or experts:
+        raise ValueError(f"LLaDA variant {archs}{f' with {experts}' if experts else ''} is not supported: "
+                         f"only the dense LLaDAModelLM (mixture-of-experts LLaDAs are not)")
+    value = {k: default if hf.get(k) is None else hf[k] for k, (default, _) in _LLADA_SWITCHES.items()}
+    bad = [k for k, (_, runs) in _LLADA_SWITCHES.items() if value[k] != runs]
+    if bad:
+        raise ValueError(f"LLaDA with {', '.join(f'{k}={value[k]!r}' for k in bad)} "
+                         f"is not supported: the llama forward runs "
+                         f"{', '.join(f'{k}={_LLADA_SWITCHES[k][1]!r}' for k in bad)} (a key left out "
+                         f"takes the default of LLaDA's configuration_llada.py)")
+    missing = [k for k in ("d_model", "n_layers", "n_heads", "vocab_size") if k not in hf]
+    if missing:
+        raise ValueError(f"config.json lacks required fields: {', '.join(missing)}")
+    d, heads = hf["d_model"], hf["n_heads"]
+    rows = hf.get("embedding_size") or hf["vocab_size"]
+    if rows < hf["vocab_size"]:
+        raise ValueError(f"LLaDA embedding_size {rows} is below vocab_size {hf['vocab_size']}")
+    kv = hf.get("n_kv_heads") or (1 if hf.get("multi_query_attention") else heads)
+    out = dict(model_type="llada", vocab_size=rows, hidden_size=d, num_hidden_layers=hf["n_layers"],
+               intermediate_size=hf.get("mlp_hidden_size") or hf.get("mlp_ratio", 4) * d,
+               num_attention_heads=heads, num_key_value_heads=kv, head_dim=d // heads,
+               max_position_embeddings=hf.get("max_sequence_length", 1024),
+               rope_theta=hf.get("rope_theta", 10000.0), rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
+               tie_word_embeddings=hf.get("weight_tying", True), hidden_act="silu")
+    keep = ("mask_token_id", "bos_token_id", "eos_token_id", "dtype", "torch_dtype")
+    return {**out, **{k: hf[k] for k in keep if k in hf}}
+
+
+def _llada_hf(c: ModelConfig) -> dict[str, Any]:
+    """The LLaDA config.json of a `llada` ModelConfig (the keys LLaDA-8B's carries)."""
+    return {"architectures": ["LLaDAModelLM"], "model_type": "llada",
+            **{k: runs for k, (_, runs) in _LLADA_SWITCHES.items()},
+            "d_model": c.hidden_size, "n_layers": c.num_layers, "n_heads": c.num_heads,
+            "n_kv_heads": c.num_kv_heads, "mlp_hidden_size": c.intermediate_size,
+            "vocab_size": c.vocab_size, "embedding_size": c.vocab_size,
+            "max_sequence_length": c.max_position_embeddings, "rope_theta": c.rope_theta,
+            "rms_norm_eps": c.rms_norm_eps, "weight_tying": c.tie_word_embeddings,
+            "mask_token_id": c.mask_token_id, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+            "torch_dtype": c.dtype, "use_cache": False}
 
 
 _GEMMA3_DEFAULTS = dict(vocab_size=262_208, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
