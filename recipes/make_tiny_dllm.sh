@@ -5,7 +5,8 @@
 #   task dLLM: every ParallelBench-style task, LLaDA's SFT loss -> specjax/assets/tiny-dllm-tasks
 #   dParallel: the task dLLM distilled on its own static greedy answers
 #              -> specjax/assets/tiny-dllm-tasks-dparallel
-# then the curves and the one-token-per-forward exact match (recipes/tiny_dllm_results.md).
+# then the curves, the code dLLM's held-out loss and samples, and the task dLLMs' accuracy per task
+# at one token per forward and with the entropy and threshold rules (recipes/tiny_dllm_*).
 # Runs resume from their checkpoints in runs/, so re-running after a kill continues; an export
 # refuses to overwrite an existing asset folder (remove it first).
 # Usage: recipes/make_tiny_dllm.sh   (PYTHON=/path/to/python to pick the interpreter)
@@ -24,15 +25,10 @@ $PY -m specjax.train export --config configs/tiny-dllm-tasks-dparallel.toml spec
 for run in tiny-dllm-code tiny-dllm-tasks tiny-dllm-tasks-dparallel; do
     cp runs/$run/curve.png recipes/${run//-/_}_curve.png
 done
-{
-    echo "# Tiny dLLMs"
-    echo
-    echo "## Code dLLM (held-out loss: the mdm loss, an upper bound on the NLL)"
-    echo
-    $PY -m specjax.train evaluate --config configs/tiny-dllm-code.toml
-    echo "## Task dLLMs, one token per forward"
-    echo
-    $PY -m specjax.train task-eval --model specjax/assets/tiny-dllm-tasks \
-        --model specjax/assets/tiny-dllm-tasks-dparallel --count 256 --seq-len 41
-} > recipes/tiny_dllm_results.md
+$PY -m specjax.train evaluate --config configs/tiny-dllm-code.toml --windows 128 > recipes/tiny_dllm_code_results.md
+for model in tiny-dllm-tasks tiny-dllm-tasks-dparallel; do
+    $PY -m specjax bench --dllm specjax/assets/$model --samplers static entropy-0.5 threshold-0.9 \
+        --out runs/bench-$model
+    cp runs/bench-$model/results.md recipes/${model//-/_}_results.md
+done
 du -ch specjax/assets/tiny-dllm-*/* | tail -1

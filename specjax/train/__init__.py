@@ -1,5 +1,5 @@
 """Training: `python -m specjax.train COMMAND` (`run`, the default, `export`, `distill`,
-`features`, `evaluate`, `tokenizer`, `task-eval`, `trajectories`). Config (`run_config`), token
+`features`, `evaluate`, `tokenizer`, `trajectories`). Config (`run_config`), token
 windows, task canvases (`canvas_batches`, for the masked-diffusion objectives), objectives, the
 frozen target, loop, run state (checkpoints) and export, one module each (objectives: one per
 family); the corpus, prompt sets and tasks it reads are `specjax.data`."""

@@ -7,7 +7,6 @@
     features   the feature cache of a distill run's answers (distill computes it unless --no-features)
     evaluate   held-out loss and greedy samples of trained runs, as Markdown
     tokenizer  train the byte-level BPE tokenizer of the code corpus
-    task-eval  exact match of masked-diffusion LMs on the tasks, one token per forward, as Markdown
     trajectories  a dLLM's own answers to fresh task prompts: the data `dparallel` distills
 """
 
@@ -76,24 +75,16 @@ def parser() -> argparse.ArgumentParser:
                            help=f"tokens in the vocabulary (>= {least}: the 256 bytes and the special tokens)")
     tokenizer.add_argument("--corpus", default="stdlib", help='"stdlib" or a folder of .py files')
 
-    task_eval = sub.add_parser("task-eval", help="exact match of dLLMs on the tasks (specjax.train.task_decoding)")
-    task_eval.add_argument("--model", action="append", required=True, help="a dLLM folder or name (repeatable)")
-    task_eval.add_argument("--count", type=count, default=256, help="examples per task (>= 1)")
-    _task_options(task_eval)
-
     trajectories = sub.add_parser("trajectories", help="a dLLM's answers to task prompts, for dparallel")
     trajectories.add_argument("--model", required=True, help="the teacher: a dLLM folder or name")
     trajectories.add_argument("--out", required=True, help="the .npz to write ([data] corpus of a dparallel run)")
     trajectories.add_argument("--count", type=count, default=4096, help="prompts to answer (>= 1)")
-    _task_options(trajectories)
+    trajectories.add_argument("--tasks", nargs="+", default=(), metavar="TASK",
+                              help="the tasks (default: all of specjax.data.parallel_bench.TASKS)")
+    trajectories.add_argument("--seq-len", type=count, default=41,
+                              help="canvas length: prompt + answer slots (the dparallel run's [data] seq_len)")
+    trajectories.add_argument("--seed", type=cli.integer(*cli.SEED_RANGE), default=0, help="the prompts' seed")
     return p
-
-
-def _task_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", type=lambda t: tuple(filter(None, t.split(","))), default=(),
-                   help="comma-separated task names (default: every task)")
-    p.add_argument("--seq-len", type=cli.integer(1), default=41, help="canvas length: prompt + answer slots")
-    p.add_argument("--seed", type=cli.integer(*cli.SEED_RANGE), default=0, help="the examples' seed")
 
 
 def _model_and_out(p: argparse.ArgumentParser) -> None:
@@ -132,7 +123,7 @@ def main(argv=None) -> int:
         p = parser()
         args = p.parse_args(argv)
         return {"run": cmd_run, "export": cmd_export, "distill": cmd_distill, "features": cmd_features,
-                "evaluate": cmd_evaluate, "tokenizer": cmd_tokenizer, "task-eval": cmd_task_eval,
+                "evaluate": cmd_evaluate, "tokenizer": cmd_tokenizer,
                 "trajectories": cmd_trajectories}[args.command](args, p)
 
     return cli.run(command)
@@ -295,39 +286,12 @@ def _dllm(name: str):
     return model
 
 
-def cmd_task_eval(args, p) -> int:
-    from specjax.data import parallel_bench as bench
-    from specjax.train.task_decoding import task_accuracy
-
-    tasks = args.tasks or bench.TASKS
-    scores = {}
-    for name in args.model:
-        try:
-            scores[name] = task_accuracy(_dllm(name), tasks, args.count, args.seq_len, args.seed)
-        except ValueError as e:  # an unknown task, a prompt longer than the canvas
-            raise UsageError(e) from None
-    print("| task | group | " + " | ".join(scores) + " |")
-    print("|---|---|" + "---|" * len(scores))
-    for task in tasks:
-        group = "deterministic" if task in bench.DETERMINISTIC else "dependent"
-        print(f"| {task} | {group} | " + " | ".join(f"{s[task]:.3f}" for s in scores.values()) + " |")
-    for group, members in (("deterministic", bench.DETERMINISTIC), ("dependent", bench.DEPENDENT)):
-        members = [t for t in tasks if t in members]
-        if members:
-            means = [sum(s[t] for t in members) / len(members) for s in scores.values()]
-            print(f"| **mean** | {group} | " + " | ".join(f"{m:.3f}" for m in means) + " |")
-    print(f"\nExact match (validity for the dependent tasks, ParallelBench's checks) of {args.count} fresh "
-          f"examples per task (seed {args.seed}), static greedy decoding: one token per forward, the most "
-          f"confident MASK slot first (`specjax.diffusion.TopK(1)`, one block).")
-    return 0
-
-
 def cmd_trajectories(args, p) -> int:
     from specjax.train.task_decoding import write_trajectories
 
     try:
         write_trajectories(args.out, _dllm(args.model), args.tasks, args.count, args.seq_len, args.seed)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # an unknown task, a prompt longer than the canvas, an unwritable --out
         raise UsageError(e) from None
     print(f"{args.count} answers of {args.model} -> {args.out}")
     return 0

@@ -94,8 +94,9 @@ class TaskBatches:
 
 
 def save(path: str | Path, batch: dict) -> None:
-    """Write canvas rows (a batch dict) to an .npz that `CanvasFile` reads."""
-    np.savez(path, **{k: np.asarray(v) for k, v in batch.items()})
+    """Write canvas rows (a batch dict) to the .npz `path` (as named) that `CanvasFile` reads."""
+    with open(path, "wb") as f:
+        np.savez(f, **{k: np.asarray(v) for k, v in batch.items()})
 
 
 class CanvasFile:

@@ -1,7 +1,7 @@
-"""A trained masked-diffusion LM on the tasks' prompts: exact match per task (the shipped tiny
-dLLMs' evaluation) and the file of a teacher's own responses that `dparallel` trains on. Both
-decode with `respond`: (model, tokens, valid, gen_length) -> the answer slots int32 [B, G];
-by default static greedy decoding, one token per forward (`specjax.diffusion`, TopK(1))."""
+"""The file of a teacher's own answers to fresh task prompts that `dparallel` trains on, decoded
+by `respond`: (model, tokens, valid, gen_length) -> the answer slots int32 [B, G]; by default
+static greedy decoding, one token per forward (`specjax.diffusion`, TopK(1)), the trajectory
+dParallel's teacher follows."""
 
 from __future__ import annotations
 
@@ -33,21 +33,6 @@ def respond_all(model: Model, prompts: Sequence[Sequence[int]], width: int, benc
         out = respond(model, jnp.asarray(tokens[i:i + CHUNK]), jnp.asarray(valid[i:i + CHUNK]), bench.GEN_LENGTH)
         tokens[i:i + CHUNK, width - bench.GEN_LENGTH:] = np.asarray(out)
     return tokens, valid
-
-
-def task_accuracy(model: Model, tasks: Sequence[str], count: int, width: int, seed: int = 0, bench=None,
-                  respond: Respond = static_greedy) -> dict[str, float]:
-    """Per task, the share of `count` fresh examples (seeded per task) whose decoded answer
-    passes the task's check (exact match, or validity for the tasks with many answers)."""
-    bench = bench or task_bench()
-    scores = {}
-    for i, task in enumerate(tasks or bench.TASKS):
-        rng = np.random.Generator(np.random.PCG64([seed, i]))
-        examples = [bench.sample(task, rng) for _ in range(count)]
-        tokens, _ = respond_all(model, [bench.encode(e)[0] for e in examples], width, bench, respond)
-        outputs = [bench.decode(row[width - bench.GEN_LENGTH:].tolist()) for row in tokens]
-        scores[task] = float(np.mean([bench.check(e, o) for e, o in zip(examples, outputs)]))
-    return scores
 
 
 def write_trajectories(path: str | Path, model: Model, tasks: Sequence[str], count: int, width: int,
