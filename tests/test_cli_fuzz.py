@@ -36,7 +36,7 @@ from specjax.train import __main__ as train_cli
 
 # examples per subcommand by default (a valid generate or bench compiles, a valid run trains)
 DEFAULT_EXAMPLES = {"generate": 12, "convert": 5, "bench": 3, "run": 4, "export": 3, "distill": 3,
-                    "features": 3, "evaluate": 3, "tokenizer": 3, "structured": 3}
+                    "features": 3, "evaluate": 3, "tokenizer": 3, "structured": 3, "trajectories": 3}
 EXAMPLES = int(os.environ.get("SPECJAX_FUZZ_EXAMPLES", "0"))
 
 # The valid values of the options whose valid values are not in the parser (names, files), or
@@ -71,6 +71,7 @@ VALID = {
     "temperatures": lambda f: ["0", "0,0.5"],
     "corpus": lambda f: [str(f["corpus"])],
     "schemas": lambda f: [str(f["schemas.jsonl"])],
+    "tasks": lambda f: [["copy"], ["pair", "sudoku"]],
 }
 # valid numbers kept small: they are budgets (tokens, steps, prompts, batch rows)
 CHEAP = {"max_new_tokens": 3, "batch": 2, "repeats": 1, "num_prompts": 2, "steps": 2, "new_tokens": 2,

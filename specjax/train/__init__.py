@@ -1,7 +1,8 @@
 """Training: `python -m specjax.train COMMAND` (`run`, the default, `export`, `distill`,
-`features`, `evaluate`, `tokenizer`). Config (`run_config`), token windows, objectives, the
+`features`, `evaluate`, `tokenizer`, `trajectories`). Config (`run_config`), token
+windows, task canvases (`canvas_batches`, for the masked-diffusion objectives), objectives, the
 frozen target, loop, run state (checkpoints) and export, one module each (objectives: one per
-family); the corpus and prompt sets it reads are `specjax.data`."""
+family); the corpus, prompt sets and tasks it reads are `specjax.data`."""
 
 from specjax.train.export import export
 from specjax.train.loop import train

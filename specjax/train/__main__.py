@@ -7,6 +7,7 @@
     features   the feature cache of a distill run's answers (distill computes it unless --no-features)
     evaluate   held-out loss and greedy samples of trained runs, as Markdown
     tokenizer  train the byte-level BPE tokenizer of the code corpus
+    trajectories  a dLLM's own answers to fresh task prompts: the data `dparallel` distills
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ def parser() -> argparse.ArgumentParser:
     tokenizer.add_argument("--vocab-size", type=cli.integer(least), default=4096,
                            help=f"tokens in the vocabulary (>= {least}: the 256 bytes and the special tokens)")
     tokenizer.add_argument("--corpus", default="stdlib", help='"stdlib" or a folder of .py files')
+
+    trajectories = sub.add_parser("trajectories", help="a dLLM's answers to task prompts, for dparallel")
+    trajectories.add_argument("--model", required=True, help="the teacher: a dLLM folder or name")
+    trajectories.add_argument("--out", required=True, help="the .npz to write ([data] corpus of a dparallel run)")
+    trajectories.add_argument("--count", type=count, default=4096, help="prompts to answer (>= 1)")
+    trajectories.add_argument("--tasks", nargs="+", default=(), metavar="TASK",
+                              help="the tasks (default: all of specjax.data.parallel_bench.TASKS)")
+    trajectories.add_argument("--seq-len", type=count, default=41,
+                              help="canvas length: prompt + answer slots (the dparallel run's [data] seq_len)")
+    trajectories.add_argument("--seed", type=cli.integer(*cli.SEED_RANGE), default=0, help="the prompts' seed")
     return p
 
 
@@ -112,7 +123,8 @@ def main(argv=None) -> int:
         p = parser()
         args = p.parse_args(argv)
         return {"run": cmd_run, "export": cmd_export, "distill": cmd_distill, "features": cmd_features,
-                "evaluate": cmd_evaluate, "tokenizer": cmd_tokenizer}[args.command](args, p)
+                "evaluate": cmd_evaluate, "tokenizer": cmd_tokenizer,
+                "trajectories": cmd_trajectories}[args.command](args, p)
 
     return cli.run(command)
 
@@ -259,6 +271,29 @@ def cmd_tokenizer(args, p) -> int:
     except (ValueError, OSError) as e:  # a missing corpus folder, or one without the held-out files
         raise UsageError(e) from None
     print(f"tokenizer: vocab {tok.get_vocab_size()} from the {args.corpus} corpus -> {args.out}")
+    return 0
+
+
+def _dllm(name: str):
+    from specjax.convert import load
+
+    try:
+        model = load(name)
+    except (ValueError, OSError, KeyError) as e:
+        raise UsageError(f"cannot load --model {name}: {e}") from None
+    if not model.config.bidirectional:
+        raise UsageError(f"--model {name} is not a masked-diffusion LM (its config has no mask_token_id)")
+    return model
+
+
+def cmd_trajectories(args, p) -> int:
+    from specjax.train.task_decoding import write_trajectories
+
+    try:
+        write_trajectories(args.out, _dllm(args.model), args.tasks, args.count, args.seq_len, args.seed)
+    except (ValueError, OSError) as e:  # an unknown task, a prompt longer than the canvas, an unwritable --out
+        raise UsageError(e) from None
+    print(f"{args.count} answers of {args.model} -> {args.out}")
     return 0
 
 

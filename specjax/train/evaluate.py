@@ -1,5 +1,6 @@
-"""Evaluate trained runs: held-out loss/perplexity over every held-out window, and greedy
-continuations of held-out function signatures, printed as Markdown
+"""Evaluate trained runs: held-out loss/perplexity over every held-out window (for a masked-
+diffusion LM, the `mdm` loss: a bound on it), and greedy continuations of held-out function
+signatures, printed as Markdown
 (`python -m specjax.train evaluate --config configs/tiny.toml [--config ...] [--new-tokens 64]`).
 """
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import jax
 
+from specjax import diffusion
 from specjax.decoding import generate
+from specjax.diffusion import make_canvas
 from specjax.models import Model
 from specjax.train.bpe import EOT, load_bpe
 from specjax.train.export import load_trained_params
@@ -22,6 +25,16 @@ from specjax.train.token_windows import eval_windows, load_streams
 # the BPE merges a newline with the next line's indentation, so a prompt ending in a bare
 # "\n" would end on a token boundary never seen in training.
 PROMPTS = ("def dedent(text):", "def heappush(heap, item):", "def quote(s):")
+DLLM_BLOCK = 32  # LLaDA's demo block length
+
+
+def continuations(model: Model, prompts: list[list[int]], new_tokens: int) -> jax.Array:
+    """int32 [B, new_tokens]: greedy decoding (`sj.generate`), or for a masked-diffusion LM its
+    static decoding (one token per forward, semi-autoregressive blocks of DLLM_BLOCK)."""
+    if not model.config.bidirectional:
+        return generate(model, prompts, max_new_tokens=new_tokens).tokens
+    canvas = make_canvas(prompts, new_tokens, model.config.mask_token_id)
+    return diffusion.generate(model, canvas, gen_length=new_tokens, blocks=DLLM_BLOCK, rule=diffusion.TopK(1)).tokens
 
 
 def report(config_paths, new_tokens: int = 64, windows: int | None = None) -> None:
@@ -40,8 +53,8 @@ def report(config_paths, new_tokens: int = 64, windows: int | None = None) -> No
         print(f"| {name} | {n / 1e6:.2f}M | {step} | {m['loss']:.4f} | {m['ppl']:.2f} |")
         tok = load_bpe(cfg.data.tokenizer)
         prompts = [[tok.token_to_id(EOT)] + tok.encode(prompt).ids for prompt in PROMPTS]
-        out = generate(Model(params, cfg.model), prompts, max_new_tokens=new_tokens)
-        samples += [(name, prompt, tok.decode(out.tokens[i].tolist())) for i, prompt in enumerate(PROMPTS)]
+        out = continuations(Model(params, cfg.model), prompts, new_tokens)
+        samples += [(name, prompt, tok.decode(out[i].tolist())) for i, prompt in enumerate(PROMPTS)]
     print(f"\nHeld-out loss over {len(held)} disjoint {cfg.data.seq_len}-token windows spread "
           f"over the held-out modules ({len(val)} tokens in all).\n")
     for name, prompt, text in samples:

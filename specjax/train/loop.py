@@ -24,7 +24,8 @@ from specjax import sharding
 from specjax.train.bpe import build_tokenizer
 from specjax.train.metrics import MetricsLog, plot_curves
 from specjax.train.objectives import Objective, make_objective
-from specjax.train.run_config import Config, OptimConfig, to_dict
+from specjax.train.canvas_batches import CanvasFile, TaskBatches
+from specjax.train.run_config import TASKS, Config, OptimConfig, to_dict
 from specjax.train.run_state import Checkpointer
 from specjax.train.target import load_target
 from specjax.train.token_windows import WindowSampler, eval_windows, load_streams
@@ -106,9 +107,9 @@ class _StopFlag:
 
 
 def data_source(config: Config, objective: Objective):
-    """(sampler, held-out windows): token windows of the corpus, or feature windows of the
-    cache [data] features names (the layers `objective.feature_layers` reads), each a batch
-    dict (`sampler.next(batch_size)`)."""
+    """(sampler, held-out windows): token windows of the corpus, feature windows of the cache
+    [data] features names (the layers `objective.feature_layers` reads), or canvases of the
+    tasks or of an .npz (`canvas_batches`), each a batch dict (`sampler.next(batch_size)`)."""
     dc, tc = config.data, config.train
     length, count = dc.seq_len + 1, tc.eval_batches * tc.batch_size
     if dc.features:
@@ -119,6 +120,17 @@ def data_source(config: Config, objective: Objective):
 
         sampler = FeatureWindows(dc.features, objective.feature_layers(config.model), length, tc.seed)
         return sampler, sampler.held_out(count)
+    if dc.corpus == TASKS:
+        sampler = TaskBatches(dc.tasks, dc.seq_len, tc.seed)
+        if config.model.mask_token_id != sampler.bench.MASK_ID:
+            raise ValueError(f"[model] mask_token_id must be the tasks' MASK id {sampler.bench.MASK_ID}")
+        if not (Path(dc.tokenizer) / "tokenizer.json").is_file():  # the tasks' word-level tokenizer
+            Path(dc.tokenizer).mkdir(parents=True, exist_ok=True)
+            sampler.bench.tokenizer().save(str(Path(dc.tokenizer) / "tokenizer.json"))
+        return sampler, sampler.held_out(count)
+    if dc.corpus.endswith(".npz"):
+        sampler = CanvasFile(dc.corpus, dc.seq_len, tc.seed, count)
+        return sampler, sampler.held_out()
     if not (Path(dc.tokenizer) / "tokenizer.json").is_file():
         print(f"no tokenizer in {dc.tokenizer}: training one on the {dc.corpus} corpus", flush=True)
         build_tokenizer(dc.tokenizer, dc.corpus, dc.held_out, config.model.vocab_size)

@@ -13,6 +13,8 @@ from typing import Any
 from specjax.data.corpus import HELD_OUT
 from specjax.models import ModelConfig
 
+TASKS = "parallel_bench"  # [data] corpus: the ParallelBench-style tasks (specjax.data.parallel_bench)
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -20,9 +22,12 @@ class DataConfig:
 
     tokenizer: str  # folder with tokenizer.json (trained on the corpus when it has none)
     cache_dir: str  # where the tokenized corpus (.npy) is cached
-    corpus: str = "stdlib"  # "stdlib" or a folder of .py files
+    # "stdlib", a folder of .py files, TASKS (canvases of fresh task examples, for the
+    # masked-diffusion objectives) or an .npz of canvases (`specjax.train.canvas_batches`)
+    corpus: str = "stdlib"
     held_out: tuple[str, ...] = HELD_OUT
-    seq_len: int = 256
+    seq_len: int = 256  # a canvas's whole length (prompt + answer slots) for TASKS and .npz
+    tasks: tuple[str, ...] = ()  # the TASKS corpus's tasks (empty: all of them)
     features: str = ""  # a feature cache (`python -m specjax.train distill`): train eagle3, medusa1 or clover on it
 
 
@@ -128,7 +133,7 @@ def apply_overrides(raw: dict, overrides: dict[str, Any]) -> dict:
 
 def from_dict(raw: dict) -> Config:
     """Build a Config, naming unknown sections, unknown keys and missing keys. [heads] holds
-    the settings of the draft-head objective [train] names (and only then)."""
+    the settings of the objective [train] names where it has any (the draft heads, dparallel)."""
     from specjax.train.objectives import settings_type
 
     unknown = set(raw) - set(_SECTIONS)
@@ -139,7 +144,7 @@ def from_dict(raw: dict) -> Config:
     sections = {**_SECTIONS, "heads": settings_type(objective)}
     if sections["heads"] is None:
         if "heads" in raw:
-            raise ValueError(f"[heads] is for the draft-head objectives, not {objective!r}")
+            raise ValueError(f"[heads] is for the objectives with settings, not {objective!r}")
         del sections["heads"]
     for name, cls in sections.items():
         known = [f.name for f in dataclasses.fields(cls)]
@@ -160,7 +165,7 @@ def from_dict(raw: dict) -> Config:
         values = {key: _checked(name, key, value, hints[key]) for key, value in values.items()}
         built[name] = cls(**values)
     model = built["model"]
-    for key in ("bos_token_id", "eos_token_id"):
+    for key in ("bos_token_id", "eos_token_id", "mask_token_id"):
         if getattr(model, key) is not None and not 0 <= getattr(model, key) < model.vocab_size:
             raise ValueError(f"[model] {key} must be a token id in [0, vocab_size = {model.vocab_size}), "
                              f"got {getattr(model, key)}")
@@ -221,7 +226,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
             raise ValueError(f"{path}: invalid TOML ({e})") from None
     for section, key in PATH_KEYS:
         value = raw.get(section, {}).get(key)
-        if isinstance(value, str) and value != "stdlib":
+        if isinstance(value, str) and value not in ("stdlib", TASKS):
             raw[section][key] = str(path.parent / value)  # an absolute value stays as it is
     return from_dict(apply_overrides(raw, overrides or {}))
 

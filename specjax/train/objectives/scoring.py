@@ -17,6 +17,12 @@ def next_token_loss(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, j
     return nll.mean(), acc.mean()
 
 
+def token_nll(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """-log softmax(logits)[label] per position (float32), [B, T] from logits [B, T, V]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    return -jnp.take_along_axis(logp, labels[..., None], -1)[..., 0]
+
+
 def hard_ce(logits: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Mean over positions [B, T'] (those `mask` keeps, when given) of -log q(label)."""
     logp = jax.nn.log_softmax(logits, -1)
