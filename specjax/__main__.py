@@ -307,7 +307,8 @@ def _generate_diffusion(args, folder, model, tokenizer, chat: bool) -> None:
         sampler = find(name)
         if len(ids) + args.max_new_tokens > c.max_position_embeddings:
             raise ValueError(f"the prompt ({len(ids)} tokens) and --max-new-tokens {args.max_new_tokens} exceed "
-                             f"the model's {c.max_position_embeddings} positions")
+                             f"the model's {c.max_position_embeddings} positions: pass --max-new-tokens "
+                             f"{c.max_position_embeddings - len(ids)} or less")
         canvas = diffusion.make_canvas([ids], args.max_new_tokens, c.mask_token_id)
         block = min(args.block or 32, args.max_new_tokens)
         start = time.perf_counter()
@@ -316,14 +317,15 @@ def _generate_diffusion(args, folder, model, tokenizer, chat: bool) -> None:
                           delimiters=tuple(tokenizer.encode("\n")[-1:]), temperature=args.temperature,
                           key=jax.random.key(args.seed))
         tokens = [int(t) for t in out.tokens[0]]
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # checked before anything is printed
         raise UsageError(str(e)) from None
     seconds = time.perf_counter() - start
     end = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
     text = tokenizer.decode(tokens[:end], skip_special_tokens=True)
-    print(text if chat else f"{args.prompt}{text}" if text[:1].isspace() else f"{args.prompt} {text}")
+    joined = text if chat or not text or text[:1].isspace() else f" {text}"  # a word-level tokenizer drops spaces
+    print(("" if chat else args.prompt) + joined, end="", flush=True)
     nfe = int(out.nfe[0])
-    print(f"[{end} new tokens in {len(tokens)} slots, {nfe} forwards ({len(tokens) / nfe:.2f} slots a forward), "
+    print(f"\n[{end} new tokens in {len(tokens)} slots, {nfe} forwards ({len(tokens) / nfe:.2f} slots a forward), "
           f"sampler {name}, {seconds:.1f} s with compile]", file=sys.stderr)
 
 
