@@ -2,7 +2,8 @@
 # Rebuild the shipped tiny masked-diffusion LMs (issue #36) from nothing:
 #   code dLLM: the stdlib corpus with the tiny AR model's tokenizer (+ MASK = 4096), LLaDA's
 #              pre-training loss -> specjax/assets/tiny-dllm-code
-#   task dLLM: every ParallelBench-style task, LLaDA's SFT loss -> specjax/assets/tiny-dllm-tasks
+#   task dLLM: every ParallelBench-style task, LLaDA's SFT loss -> specjax/assets/tiny-dllm-tasks,
+#              and its Learn2PD filter (recipes/make_learn2pd.py)
 #   dParallel: the task dLLM distilled on its own static greedy answers
 #              -> specjax/assets/tiny-dllm-tasks-dparallel
 # then the curves, the code dLLM's held-out loss and samples, and the task dLLMs' accuracy per task
@@ -16,8 +17,12 @@ PY=${PYTHON:-python}
 
 $PY -m specjax.train --config configs/tiny-dllm-code.toml
 $PY -m specjax.train export --config configs/tiny-dllm-code.toml specjax/assets/tiny-dllm-code
+# the shipped task dLLM: 3000 steps, then resumed to 8000 (the cosine schedule restarts from
+# where step 3000 falls in an 8000-step one); a straight 8000-step run would differ slightly
 $PY -m specjax.train --config configs/tiny-dllm-tasks.toml
+$PY -m specjax.train --config configs/tiny-dllm-tasks.toml --steps 8000
 $PY -m specjax.train export --config configs/tiny-dllm-tasks.toml specjax/assets/tiny-dllm-tasks
+$PY recipes/make_learn2pd.py --model tiny-dllm-tasks --examples 96   # -> specjax/assets/tiny-dllm-tasks/learn2pd.npz
 $PY -m specjax.train trajectories --model specjax/assets/tiny-dllm-tasks \
     --out runs/tiny-dllm-tasks-trajectories.npz --count 4096 --seq-len 41 --seed 1
 $PY -m specjax.train --config configs/tiny-dllm-tasks-dparallel.toml
