@@ -6,8 +6,8 @@
 #              and its Learn2PD filter (recipes/make_learn2pd.py)
 #   dParallel: the task dLLM distilled on its own static greedy answers
 #              -> specjax/assets/tiny-dllm-tasks-dparallel
-# then the curves, the code dLLM's held-out loss and samples, and the task dLLMs' accuracy per task
-# at one token per forward and with the entropy and threshold rules (recipes/tiny_dllm_*).
+# then the curves and the code dLLM's held-out loss and samples (recipes/tiny_dllm_*), and the task
+# dLLMs' bench (benchmarks/dllm/).
 # Runs resume from their checkpoints in runs/, so re-running after a kill continues; an export
 # refuses to overwrite an existing asset folder (remove it first).
 # Usage: recipes/make_tiny_dllm.sh   (PYTHON=/path/to/python to pick the interpreter)
@@ -31,9 +31,7 @@ for run in tiny-dllm-code tiny-dllm-tasks tiny-dllm-tasks-dparallel; do
     cp runs/$run/curve.png recipes/${run//-/_}_curve.png
 done
 $PY -m specjax.train evaluate --config configs/tiny-dllm-code.toml --windows 128 > recipes/tiny_dllm_code_results.md
-for model in tiny-dllm-tasks tiny-dllm-tasks-dparallel; do
-    $PY -m specjax bench --dllm specjax/assets/$model --samplers static entropy-0.5 threshold-0.9 \
-        --out runs/bench-$model
-    cp runs/bench-$model/results.md recipes/${model//-/_}_results.md
-done
+$PY -m specjax bench --dllm tiny-dllm-tasks --out benchmarks/dllm/tiny-dllm-tasks
+$PY -m specjax bench --dllm tiny-dllm-tasks-dparallel --samplers static entropy-0.5 threshold-0.9 freedave-8 \
+    --out benchmarks/dllm/tiny-dllm-tasks-dparallel
 du -ch specjax/assets/tiny-dllm-*/* | tail -1
