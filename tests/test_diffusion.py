@@ -250,3 +250,11 @@ def test_a_causal_model_is_refused(model):
         dd.generate(causal, _canvas(), gen_length=8, rule=dd.TopK(1))
     with pytest.raises(ValueError, match="cache"):
         dd.generate(model, _canvas(), gen_length=8, rule=dd.TopK(1), cache="full")
+
+
+def test_a_canvas_pads_prompts_to_a_given_width():
+    canvas = dd.make_canvas([[5, 6], [7]], 3, MASK, pad_id=0, prompt_width=4)
+    np.testing.assert_array_equal(canvas.tokens, [[0, 0, 5, 6, MASK, MASK, MASK], [0, 0, 0, 7, MASK, MASK, MASK]])
+    np.testing.assert_array_equal(canvas.valid[:, :4], [[False, False, True, True], [False, False, False, True]])
+    with pytest.raises(ValueError, match="does not fit"):
+        dd.make_canvas([[5, 6, 7]], 3, MASK, prompt_width=2)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specjax.bench.report import machine
@@ -101,9 +100,7 @@ def canvases(exs: list[pb.Example], batch: int, width: int) -> list[tuple[Canvas
         prompts = [pb.encode(e)[0] for e in exs[i:i + batch]]
         real = len(prompts)
         prompts += [prompts[0]] * (batch - real)
-        c = make_canvas(prompts, pb.GEN_LENGTH, pb.MASK_ID, pb.PAD_ID)
-        extra = ((0, 0), (width + pb.GEN_LENGTH - c.tokens.shape[1], 0))
-        out.append((Canvas(jnp.pad(c.tokens, extra, constant_values=pb.PAD_ID), jnp.pad(c.valid, extra)), real))
+        out.append((make_canvas(prompts, pb.GEN_LENGTH, pb.MASK_ID, pb.PAD_ID, prompt_width=width), real))
     return out
 
 

@@ -18,11 +18,16 @@ class Canvas(NamedTuple):
     valid: jax.Array
 
 
-def make_canvas(prompts: Sequence[Sequence[int]], gen_length: int, mask_id: int, pad_id: int = 0) -> Canvas:
-    """Left-pad `prompts` (token ids) to the longest and append `gen_length` MASK slots."""
+def make_canvas(prompts: Sequence[Sequence[int]], gen_length: int, mask_id: int, pad_id: int = 0,
+                prompt_width: int | None = None) -> Canvas:
+    """Left-pad `prompts` (token ids) to the longest, or to `prompt_width` (one shape for many
+    batches: one compile), and append `gen_length` MASK slots."""
     if not prompts or gen_length < 1:
         raise ValueError("need at least one prompt and gen_length >= 1")
-    width = max(len(p) for p in prompts)
+    longest = max(len(p) for p in prompts)
+    width = longest if prompt_width is None else prompt_width
+    if width < longest:
+        raise ValueError(f"a prompt of {longest} tokens does not fit a prompt width of {width}")
     tokens = np.full((len(prompts), width + gen_length), mask_id, np.int32)
     valid = np.ones(tokens.shape, bool)
     for row, prompt in enumerate(prompts):

@@ -23,14 +23,13 @@ HELD_OUT_SEED = 1_000_003  # added to the run's seed for the held-out examples
 
 def prompt_canvas(prompts: Sequence[Sequence[int]], width: int, gen_length: int, mask_id: int,
                   pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, valid) [B, width]: `make_canvas`'s rows, left-padded further to `width`."""
-    canvas = make_canvas(prompts, gen_length, mask_id, pad_id)
-    tokens, valid = np.array(canvas.tokens), np.array(canvas.valid)
-    extra = width - tokens.shape[1]
-    if extra < 0:
-        raise ValueError(f"a prompt of {tokens.shape[1] - gen_length} tokens does not fit [data] seq_len "
-                         f"{width} with {gen_length} answer slots")
-    return np.pad(tokens, ((0, 0), (extra, 0)), constant_values=pad_id), np.pad(valid, ((0, 0), (extra, 0)))
+    """(tokens, valid) [B, width]: `make_canvas`'s rows, prompts left-padded to `width - gen_length`."""
+    longest = max((len(p) for p in prompts), default=0)
+    if longest > width - gen_length:
+        raise ValueError(f"a prompt of {longest} tokens does not fit [data] seq_len {width} with "
+                         f"{gen_length} answer slots")
+    canvas = make_canvas(prompts, gen_length, mask_id, pad_id, prompt_width=width - gen_length)
+    return np.array(canvas.tokens), np.array(canvas.valid)
 
 
 def canvas_batch(prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], width: int,
