@@ -37,7 +37,7 @@ def test_freedave_is_static_decoding_on_every_task_in_fewer_forwards(model):
 
 def test_the_dependency_fixture_separates_sequential_from_parallel_decoding(model):
     rng = np.random.default_rng(12)
-    examples = [pb.sample("pair", rng) for _ in range(512)]
+    examples = [pb.sample("pair", rng) for _ in range(256)]
     canvas = _canvas(examples)
     valid = lambda out: np.mean([pb.check(e, pb.decode(t)) for e, t in zip(examples, out.tokens)])
     run = lambda rule, **kw: dd.generate(model, canvas, gen_length=pb.GEN_LENGTH, blocks=2, rule=rule, **kw)
@@ -56,7 +56,7 @@ def test_the_dependency_fixture_separates_sequential_from_parallel_decoding(mode
     parallel = valid(run(dd.TopK(2), temperature=1.0, key=key))
     assert abs(parallel - predicted) < 4 * sigma, (parallel, predicted)
     # negative control: one digit per forward, the second seeing the first, keeps the dependency
-    assert valid(run(dd.TopK(1), temperature=1.0, key=key)) > predicted + 8 * sigma
+    assert valid(run(dd.TopK(1), temperature=1.0, key=key)) > predicted + 6 * sigma  # measured: 9.5 sigma
     assert valid(run(dd.TopK(1))) >= 0.9 and valid(run(dd.TopK(2))) <= 0.2  # greedy, the same split
     # the threshold rule falls back to one digit per forward (the first block takes two forwards)
     threshold, forced = run(dd.Threshold(0.9)), run(dd.TopK(2))
