@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from specjax import sampling, sharding, verify
 from specjax.drafters.base import Context, Drafter
 from specjax.models import ForwardOutput, KVCache, Model
+from specjax.models.target import fill
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,7 @@ def prefill(model: Model, drafter: Drafter, prompts: jax.Array, lengths: jax.Arr
     cache = KVCache.init(model.config, b, cache_len)
     pre = None  # the prefill's hidden states go to the drafter (head drafters start from them)
     if prompts.shape[1] > 1:
-        pre = model(prompts[:, :-1], cache=cache, compute_logits=False, return_layers=drafter.target_layers)
+        pre = fill(model, prompts[:, :-1], cache, compute_logits=False, return_layers=drafter.target_layers)
         cache = pre.cache
     history = jnp.zeros((b, cache_len), jnp.int32).at[:, : prompts.shape[1]].set(prompts)
     return sharding.constrain_caches(DecodeState(

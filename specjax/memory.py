@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models import KVCache
+from specjax.models.target import fill
 
 # The verify pass's [N, V] float32 arrays alive at once (logits, processed probabilities, the
 # drafter's q and the verifier's residual), the prefill's scores and MLP activations kept, and
@@ -80,8 +81,8 @@ def _measure(model, drafter, prompt_len: int, max_new_tokens: int, cache_len: in
     def init(model, drafter, prompts, lengths):  # as engine.prefill starts the drafter
         pre = None
         if prompt_len > 1:
-            pre = model(prompts[:, :-1], cache=KVCache.init(config, 1, cache_len), compute_logits=False,
-                        return_layers=drafter.target_layers)
+            pre = fill(model, prompts[:, :-1], KVCache.init(config, 1, cache_len), compute_logits=False,
+                       return_layers=drafter.target_layers)
         return drafter.init(model, prompts, lengths, cache_len, pre)
 
     state = jax.eval_shape(init, model, drafter, jax.ShapeDtypeStruct((1, prompt_len), jnp.int32),

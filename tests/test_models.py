@@ -124,6 +124,23 @@ def test_commit_then_continue_equals_decoding_from_scratch():
     np.testing.assert_allclose(cont[1], ref1, atol=1e-5)
 
 
+def test_filling_a_fresh_cache_equals_a_forward_through_it():
+    """`fill` (the prefill: the prompt attends to itself alone) leaves the cache, hidden states
+    and logits a forward through the whole fresh cache gives, on a ragged pair of rows."""
+    from specjax.models.target import fill
+
+    model = _branches_model()
+    tokens = jnp.array([[3, 14, 15, 9, 26], [5, 35, 8, 0, 0]])
+    cache = KVCache.init(model.config, 2, 12)
+    want = forward(model.config, model.params, tokens, cache=cache, return_layers=(0,))
+    got = fill(model, tokens, cache, return_layers=(0,))
+    for a, b in [(got.logits, want.logits), (got.hidden, want.hidden), (got.layer_hidden, want.layer_hidden),
+                 (got.cache.k, want.cache.k), (got.cache.v, want.cache.v)]:
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_array_equal(got.cache.lengths, want.cache.lengths)
+    assert got.new_kv is None
+
+
 def test_sampling_is_reproducible_with_a_key():
     model = _branches_model()
     run = lambda seed: sj.generate(model, [[1, 2, 3]], max_new_tokens=12, temperature=1.0,

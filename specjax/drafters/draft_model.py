@@ -37,6 +37,7 @@ import numpy as np
 from specjax import sampling, verify
 from specjax.drafters.base import Context, Drafter
 from specjax.models import KVCache, Model, forward
+from specjax.models.target import fill
 from specjax.tree import DraftTree, Template, growth
 
 MODES = ("chain", "iid", "gumbel", "beam", "topk", "dyspec")
@@ -147,7 +148,7 @@ class DraftModel(Drafter):
         cfg = self.draft.config
         cache = KVCache.init(cfg, prompts.shape[0], cache_len)
         if prompts.shape[1] > 1:
-            cache = forward(cfg, self.draft.params, prompts[:, :-1], cache=cache, compute_logits=False).cache
+            cache = fill(self.draft, prompts[:, :-1], cache, compute_logits=False).cache
         return DraftModelState(cache._replace(lengths=lengths - 1))
 
     def propose(self, state: DraftModelState, ctx: Context, key):

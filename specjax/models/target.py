@@ -64,4 +64,13 @@ class Target(Protocol):
         ...
 
 
-__all__ = ["Target", "TargetConfig"]
+def fill(target: Target, tokens: jax.Array, cache: KVCache, **kwargs) -> ForwardOutput:
+    """The forward of `tokens` [B, T] into `cache`, a fresh one (lengths 0): the tokens attend to
+    each other alone, not to the cache's S empty slots (scoring them more than doubles a long
+    prompt's attention), and their K/V land at slots [0, T). kwargs go to the forward."""
+    empty = KVCache.init(target.config, tokens.shape[0], 0, cache.k.dtype)
+    out = target(tokens, cache=empty, write_cache=False, **kwargs)
+    return out._replace(cache=cache.write(*out.new_kv), new_kv=None)
+
+
+__all__ = ["Target", "TargetConfig", "fill"]
