@@ -528,7 +528,9 @@ def main() -> int:
     ap.add_argument("--memory-gb", type=float, default=4.0, help="a compile worker's address-space cap")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds a compile may take")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--max-prompt-tokens", type=int, default=2048, help="longer prompts (big schemas) are not decoded")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="longer prompts (big schemas) are not decoded (default: what fits the model's context "
+                         "with --max-new-tokens)")
     ap.add_argument("--repeats", type=int, default=1, help="timed decode rounds after the compiling one")
     ap.add_argument("--batch", type=int, default=8, help="rows of the batch part: that many schemas of a category")
     ap.add_argument("--batch-categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES,
@@ -584,6 +586,7 @@ def main() -> int:
         import specjax as sj
 
         model, tok = sj.load(MODEL), sj.load_tokenizer(MODEL)
+        max_prompt = args.max_prompt_tokens or model.config.max_position_embeddings - args.max_new_tokens
         rng = np.random.default_rng(SEED)
         grammars, decoded = {}, {c: 0 for c in CATEGORIES}
         for category, name in items if {"decode", "masks"} & set(args.parts) else ():  # the first compiled schemas of each category whose prompt fits
@@ -592,12 +595,14 @@ def main() -> int:
                 continue
             schema = json.loads(data.text(category, name))
             prompt = len(chat_ids(tok, schema))
-            if prompt > args.max_prompt_tokens:
+            if prompt > max_prompt:
                 results["decode"][k] = {"skipped": f"prompt of {prompt} tokens"}
                 print(f"decode  {k:40s} skipped: prompt of {prompt} tokens", flush=True)
                 continue
             decoded[category] += 1
             grammars[k] = sj.constraints.json_schema(schema, tok, vocab_size=model.config.vocab_size)
+            if "skipped" in results["decode"].get(k, {}):  # skipped at a smaller limit: it fits now
+                del results["decode"][k]
             if k not in results["decode"] and "decode" in args.parts:
                 row = decode(model, tok, schema, grammars[k], args.max_new_tokens, args.repeats, rng)
                 results["decode"][k] = row
