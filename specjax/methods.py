@@ -22,7 +22,8 @@ from specjax import adaptive
 from specjax.convert import heads as ckpt
 from specjax.convert import load
 from specjax.drafters import (ADED, DEL, PPD, RASD, SAM, Clover, DraftModel, Drafter, Eagle, Forced, HiddenTransfer,
-                              Lookahead, Medusa, PromptLookup, SpeculativeJacobi, Swift, TokenRecycling)
+                              Lookahead, Medusa, PromptLookup, QuantizedSelf, SpeculativeJacobi, Swift,
+                              TokenRecycling)
 from specjax.drafters.dynamic_exit import spread_exits
 from specjax.models import Model
 
@@ -165,6 +166,9 @@ METHODS: dict[str, Method] = _registry(
            verifier="SpeculativeSampling"),
     Method("del", lambda target, draft: DEL(exits=spread_exits(target.config.num_layers), depth=6),
            "DEL: the target's early exits draft a chain, the exit chosen by its acceptance",
+           verifier="SpeculativeSampling"),
+    Method("quantized-self", lambda target, draft: QuantizedSelf.of(target, "int8", depth=6, threshold=0.3),
+           "the target's own int8 copy drafts a chain of up to 6 on the target's KV cache (QSpec, ML-SpecQD)",
            verifier="SpeculativeSampling"),
     Method("eagle", lambda target, draft, folder: Eagle.load(folder, target=target),
            "a trained EAGLE head saved in FOLDER, with its stored tree settings", ("head folder",),

@@ -16,11 +16,12 @@ from specjax.drafters.lookahead import Lookahead
 from specjax.drafters.medusa import Medusa
 from specjax.drafters.parallel import PPD, HiddenTransfer
 from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.drafters.quantized_self import QuantizedSelf
 from specjax.drafters.rasd import RASD
 from specjax.drafters.recycling import TokenRecycling
 from specjax.drafters.sam import SAM
 from specjax.drafters.swift import Swift
 
 __all__ = ["Context", "Drafter", "EmptyState", "NoDrafter", "ADED", "DraftModel", "Clover", "DEL", "Eagle",
-           "Forced", "Medusa", "Lookahead", "PPD", "HiddenTransfer", "PromptLookup", "RASD", "SAM",
+           "Forced", "Medusa", "Lookahead", "PPD", "HiddenTransfer", "PromptLookup", "QuantizedSelf", "RASD", "SAM",
            "SpeculativeJacobi", "Swift", "TokenRecycling"]

@@ -18,7 +18,8 @@ the draft's softmax and the Greedy rule verifies.
 The draft keeps its own KV cache in step with the target's: each propose first feeds the
 tokens committed since the last one, the root last (the last depth + 1 in one forward, any
 before them `chunk` at a time: none after a step it drafted, more after steps it did not
-draft or a Forced run), then the tree so far under its ancestor mask, one forward per level.
+draft or a Forced run), then the tree so far under its ancestor mask, one forward per level
+(a chain feeds only its newest node: the nodes above it are already in the draft's cache).
 Tree entries written past the committed length are never read from the cache, so nothing
 needs undoing on rejection.
 """
@@ -197,9 +198,14 @@ class DraftModel(Drafter):
             q = q.at[:, nodes].set(jnp.take_along_axis(dist, par_local[:, :, None], axis=1))
             if level + 1 < len(levels):
                 tree = DraftTree.build(tokens, parents, max_depth=self.max_depth)
-                dist = process(ctx.constrain(self._tree_logits(tree, cache, ctx)[:, offset - 1: offset - 1 + width],
-                                             tree, nodes))
+                if self.mode == "chain":  # one node a level: feed it alone, its ancestors' K/V cached
+                    out = forward(cfg, self.draft.params, new_tok, cache=cache)
+                    cache, logits = out.cache.advance(jnp.ones((b,), jnp.int32)), out.logits
+                else:
+                    logits = self._tree_logits(tree, cache, ctx)[:, offset - 1: offset - 1 + width]
+                dist = process(ctx.constrain(logits, tree, nodes))
             prev_offset, offset = offset, offset + width
+        cache = cache._replace(lengths=ctx.length)
         valid = jnp.take_along_axis(q, tokens[:, :, None], axis=2)[..., 0] > 0
         valid = valid.at[:, 0].set(True)
         tree_q = None if (greedy or self.mode == "topk") else q

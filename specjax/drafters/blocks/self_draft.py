@@ -1,5 +1,5 @@
 """Drafting a chain with the target itself, some of its sublayers skipped (the draft of SWIFT and
-DEL): one `skip_forward` per drafted token in a `lax.while_loop` that ends when every row has
+DEL) or its weights quantized (the quantized self-draft): one `skip_forward` per drafted token in a `lax.while_loop` that ends when every row has
 stopped, a row stopping at its length limit or after a token drafted with confidence (the
 draft's plain softmax probability of it) below the threshold, as SWIFT does.
 
@@ -57,12 +57,13 @@ class SelfDrafter(Drafter):
 
 
 def draft_chain(ctx: Context, key: jax.Array, keep_attn: jax.Array, keep_mlp: jax.Array, depth: int,
-                threshold: float, limit: jax.Array) -> DraftTree:
+                threshold: float, limit: jax.Array, params: dict | None = None) -> DraftTree:
     """A chain of up to `depth` drafts per row from the target's kept sublayers (bool[B, L]);
-    row b drafts at most limit[b] (int32[B]) tokens."""
+    row b drafts at most limit[b] (int32[B]) tokens. `params`: the weights the draft runs
+    (default the target's own; the quantized self-draft passes its quantized copy)."""
     if ctx.cache is None or ctx.model is None:
         raise ValueError("a self-drafter needs the target model and its KV cache in the Context")
-    cfg, params = ctx.model.config, ctx.model.params
+    cfg, params = ctx.model.config, ctx.model.params if params is None else params
     b = ctx.tokens.shape[0]
     greedy = ctx.sampling.greedy
     tokens = jnp.zeros((b, depth + 1), jnp.int32).at[:, 0].set(ctx.root)
