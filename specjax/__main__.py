@@ -26,17 +26,23 @@ MEMORY_BOUND_BYTES = 256 << 20
 DEFAULT_DRAFT = "tiny-draft"
 
 
-def default_drafter(target, temperature: float) -> str:
+def default_drafter(target, temperature: float, constrained: bool = False) -> str:
     """The method `generate` uses without --drafter, the fastest measured for this kind of target
-    and temperature (benchmarks/README.md), never one measured slower than AR: prompt lookup at
-    temperature 0; when sampling, prompt lookup for a target whose weights are memory-bound
-    (MEMORY_BOUND_BYTES or more) and AR for one that fits in cache."""
+    and temperature (benchmarks/README.md), never one measured slower than AR: for a target
+    whose float weights are memory-bound (MEMORY_BOUND_BYTES or more), its own int8 copy
+    (`quantized-self`) at any temperature, unless a constraint is given; otherwise prompt lookup
+    at temperature 0 and, when sampling, prompt lookup for a memory-bound target and AR for one
+    that fits in cache."""
     import jax
 
+    from specjax.drafters.quantized_self import has_float_layers
+
+    memory_bound = sum(leaf.nbytes for leaf in jax.tree.leaves(target.params)) >= MEMORY_BOUND_BYTES
+    if memory_bound and has_float_layers(target) and not constrained:
+        return "quantized-self"
     if temperature == 0:
         return "prompt-lookup"
-    weights = sum(leaf.nbytes for leaf in jax.tree.leaves(target.params))
-    return "prompt-lookup" if weights >= MEMORY_BOUND_BYTES else "ar"
+    return "prompt-lookup" if memory_bound else "ar"
 
 
 def _generate_methods() -> dict:
@@ -233,7 +239,7 @@ def _generate(args, new: list[int]) -> None:
     if args.sampler is not None or args.block is not None:
         raise UsageError(f"--sampler and --block are for masked-diffusion models; {args.model} decodes left "
                          f"to right (choose its method with --drafter)")
-    name = args.drafter or default_drafter(model, args.temperature)
+    name = args.drafter or default_drafter(model, args.temperature, constrained=constraint is not None)
     draft = None
     if "draft model" in methods.METHODS[name].needs:
         draft = _load(_resolve(args.draft or DEFAULT_DRAFT, "--draft"), "--draft")

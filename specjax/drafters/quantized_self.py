@@ -57,7 +57,7 @@ class QuantizedSelf(self_draft.SelfDrafter):
     def of(cls, target: Model, mode: str = "int8", **settings) -> "QuantizedSelf":
         """The quantized self-draft of a float `target`: its matmul weights quantized to `mode`
         ("int8" or "int4"; see `sj.quantize`)."""
-        if any(isinstance(w, QuantizedWeight) for w in target.params["layers"].values()):
+        if not has_float_layers(target):
             raise ValueError("the target is already quantized: the quantized self-draft needs float "
                              "weights to quantize (load the float model, or use another drafter)")
         return cls(quantize(target, mode), **settings)
@@ -84,3 +84,8 @@ class QuantizedSelf(self_draft.SelfDrafter):
         tree = self_draft.draft_chain(ctx, key, keep, keep, self.depth, self.threshold,
                                       jnp.full((b,), self.depth, jnp.int32), params=self.draft.params)
         return tree, state
+
+
+def has_float_layers(model: Model) -> bool:
+    """Whether `model`'s layer weights are float, so that its quantized copy is cheaper to run."""
+    return not any(isinstance(w, QuantizedWeight) for w in model.params["layers"].values())
