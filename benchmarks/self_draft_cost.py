@@ -1,9 +1,11 @@
-"""What one drafted token of Swift and DEL costs next to an AR step of the same target.
+"""What one drafted token of Swift, DEL and the quantized self-draft costs next to an AR step of
+the same target.
 
 An AR step is the target's forward over 1 token after `--cached` committed tokens
 (specjax.bench.forward_cost); a draft step is `skip_forward` over 1 token with the drafter's
 sublayers plus the LM head, timed the same way (a compiled loop, least of the repeats). Rows:
-Swift's starting skip set, and DEL at each of its named exits.
+Swift's starting skip set, DEL at each of its named exits, and every sublayer of the target's
+int8 and int4 copies (`quantized-self`).
 
     nice -n 10 python benchmarks/self_draft_cost.py --model smollm2
 """
@@ -24,7 +26,7 @@ from specjax.models import KVCache, lm_head
 from specjax.models.layer_skip import empty_block, skip_forward
 
 
-def draft_seconds(model, keep_attn, keep_mlp, *, cached: int, loop: int, reps: int) -> float:
+def draft_seconds(model, params, keep_attn, keep_mlp, *, cached: int, loop: int, reps: int) -> float:
     cfg = model.config
     cache = KVCache.init(cfg, 1, cached + 8)._replace(lengths=jnp.full((1,), cached, jnp.int32))
     ka, km = jnp.asarray(keep_attn)[None], jnp.asarray(keep_mlp)[None]
@@ -37,7 +39,7 @@ def draft_seconds(model, keep_attn, keep_mlp, *, cached: int, loop: int, reps: i
             return acc + lm_head(cfg, params, hidden).max()  # every logit, so XLA computes the whole head
         return jax.lax.fori_loop(0, loop, body, 0.0)
 
-    return loop_seconds(run, model.params, cache, loop=loop, reps=reps)
+    return loop_seconds(run, params, cache, loop=loop, reps=reps)
 
 
 def main():
@@ -50,13 +52,15 @@ def main():
     model = sj.load(args.model)
     layers = model.config.num_layers
     ar = forward_seconds(model, 1, 1, cached=args.cached, cache_len=args.cached + 8, loop=args.loop, reps=args.reps)
-    rows = [("swift (starting set)", ~Swift().initial_skip(layers))]
-    rows += [(f"del exit {e}/{layers}", np.broadcast_to(np.arange(layers) < e, (2, layers)))
+    every = np.ones((2, layers), bool)
+    rows = [("swift (starting set)", model.params, ~Swift().initial_skip(layers))]
+    rows += [(f"del exit {e}/{layers}", model.params, np.broadcast_to(np.arange(layers) < e, (2, layers)))
              for e in spread_exits(layers)]
+    rows += [(f"quantized-self, {mode}", sj.quantize(model, mode).params, every) for mode in ("int8", "int4")]
     print(f"{args.model}, batch 1, {args.cached} cached tokens: AR step {ar * 1e3:.2f} ms")
     print("| draft | sublayers run | ms per drafted token | x AR step |\n|---|---|---|---|")
-    for name, keep in rows:
-        t = draft_seconds(model, keep[0], keep[1], cached=args.cached, loop=args.loop, reps=args.reps)
+    for name, params, keep in rows:
+        t = draft_seconds(model, params, keep[0], keep[1], cached=args.cached, loop=args.loop, reps=args.reps)
         print(f"| {name} | {int(keep.sum())}/{2 * layers} | {t * 1e3:.2f} | {t / ar:.2f} |")
 
 

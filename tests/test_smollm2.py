@@ -130,6 +130,6 @@ def test_chat_command_answers_and_stops_at_eos():
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout and "<|im_" not in r.stdout and "user" not in r.stdout, r.stdout
-    assert "method prompt-lookup (default at temperature 0)" in r.stderr
+    assert "method quantized-self (default at temperature 0)" in r.stderr
     new = int(r.stderr.rsplit("[", 1)[1].split()[0])
     assert new < 64, r.stderr  # stopped at the end-of-turn token, not the length limit
