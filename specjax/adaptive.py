@@ -116,7 +116,7 @@ class Adaptive(Policy):
             raise ValueError(f"decay must lie in [0, 1) and margin be >= 0, got {self.decay}, {self.margin}")
         if not isinstance(self.base, Drafter) or not self.base.supports_chain:
             raise ValueError(f"adaptive speculation needs a chain drafter (DraftModel mode='chain' or "
-                             f"PromptLookup), got {getattr(self.base, 'name', type(self.base).__name__)}")
+                             f"PromptLookup or QuantizedSelf), got {getattr(self.base, 'name', type(self.base).__name__)}")
         if self.calibration is not None:
             object.__setattr__(self, "calibration", self.calibration.checked(self))
 

@@ -40,6 +40,13 @@ def test_greedy_equals_autoregressive(mode, min_tau, target):
     assert got.stats.tau > min_tau, got.stats  # the copy agrees with its target on most tokens
 
 
+def test_adaptive_lengths_keep_greedy_output(target):
+    """Its chain form: `sj.Adaptive` choosing the length by goodput decodes AR's tokens."""
+    want = sj.generate(target, RAGGED, max_new_tokens=24)
+    got = sj.generate(target, RAGGED, max_new_tokens=24, drafter=sj.Adaptive(QuantizedSelf.of(target), ks=(0, 2, 4)))
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+
+
 def test_bad_use_fails_clearly(target):
     with pytest.raises(ValueError, match="already quantized"):
         QuantizedSelf.of(sj.quantize(target, "int8"))

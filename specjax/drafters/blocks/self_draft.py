@@ -1,7 +1,8 @@
 """Drafting a chain with the target itself, some of its sublayers skipped (the draft of SWIFT and
-DEL) or its weights quantized (the quantized self-draft): one `skip_forward` per drafted token in a `lax.while_loop` that ends when every row has
-stopped, a row stopping at its length limit or after a token drafted with confidence (the
-draft's plain softmax probability of it) below the threshold, as SWIFT does.
+DEL) or its weights quantized (the quantized self-draft): one `skip_forward` per drafted token
+in a `lax.while_loop` that ends when every row has stopped, a row stopping at its length limit
+or after a token drafted with confidence (the draft's plain softmax probability of it) below
+the threshold, as SWIFT does.
 
 KV: the draft reads the target's committed cache (every layer the draft keeps was written
 there by the target's full forward) and keeps the K/V of the tokens it feeds (the root, then
