@@ -8,6 +8,9 @@ or a portable fallback) and a new source or host builds anew (~10 s, once). The 
 written under a temporary name and renamed, so a killed build leaves nothing half-written; the
 next build removes what a killed one left.
 
+`SPECJAX_CPU_KERNEL_FLAGS` adds compiler flags after `-march=native` (and to the key): for
+example `-mno-avx512f` builds the AVX2 path on an AVX-512 host, to time or test it there.
+
 With no compiler, or `SPECJAX_CPU_KERNELS=0`, one line says so and XLA's code runs instead.
 """
 
@@ -51,12 +54,16 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++"))
 
 
+def _extra_flags() -> list[str]:
+    return os.environ.get("SPECJAX_CPU_KERNEL_FLAGS", "").split()
+
+
 def _key(compiler: str) -> str:
     h = hashlib.sha256()
     for path in (*SOURCES, *HEADERS):
         h.update(path.name.encode() + path.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    h.update((compiler + version + jaxlib.__version__ + _cpu_flags()).encode())
+    h.update((compiler + version + jaxlib.__version__ + _cpu_flags() + " ".join(_extra_flags())).encode())
     return h.hexdigest()[:16]
 
 
@@ -80,7 +87,7 @@ def build() -> Path:
         return lib
     _clean_stale(folder)
     tmp = folder / f".build-{os.getpid()}.tmp"
-    cmd = [compiler, "-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno",
+    cmd = [compiler, "-O3", "-march=native", *_extra_flags(), "-std=c++17", "-fPIC", "-shared", "-fno-math-errno",
            f"-I{ROOT.parent}", f"-I{jax.ffi.include_dir()}", *map(str, SOURCES), "-o", str(tmp)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:

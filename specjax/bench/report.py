@@ -37,6 +37,8 @@ def machine() -> str:
     dev = jax.devices()[0]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     kernels = "on" if os.environ.get("SPECJAX_CPU_KERNELS", "1") != "0" else "off"
+    if kernels == "on" and os.environ.get("SPECJAX_CPU_KERNEL_FLAGS"):
+        kernels += f" (built with {os.environ['SPECJAX_CPU_KERNEL_FLAGS']})"
     text = (f"{platform.machine()} {jax.default_backend()} ({dev.device_kind}), {cpu()}, {cores} CPU "
             f"cores, {jax.local_device_count()} device(s), jax {jax.__version__}, CPU kernels {kernels}")
     if "torch" in sys.modules:  # the peer rows ran

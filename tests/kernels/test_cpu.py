@@ -225,3 +225,16 @@ def test_build_is_cached_and_a_killed_build_is_cleaned(tmp_path, monkeypatch):
     assert lib.exists() and not stale.exists() and lib.parent == folder
     mtime = lib.stat().st_mtime_ns
     assert ffi.build() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+
+@pytest.mark.skipif("avx512f" not in ffi._cpu_flags().split(), reason="this host's own build is the AVX2 path")
+def test_the_avx2_path_equals_the_reference_too(tmp_path):
+    """On an AVX-512 host, the kernels as an AVX2-only host builds them
+    (`SPECJAX_CPU_KERNEL_FLAGS=-mno-avx512f`, a build of their own) pass the equality tests."""
+    env = {**os.environ, "SPECJAX_CACHE": str(tmp_path), "SPECJAX_CPU_KERNEL_FLAGS": "-mno-avx512f"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "(equals_reference or panels or neighbours) and not avx2"],
+                          env=env, capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and list((tmp_path / "kernels").glob("cpu-*.so")), done.stdout[-500:]
