@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
+from specjax import methods
 from specjax.drafters import QuantizedSelf
 from specjax.models import init_params
 from specjax.sampling import SamplingParams
@@ -48,8 +49,9 @@ def test_adaptive_lengths_keep_greedy_output(target):
 
 
 def test_bad_use_fails_clearly(target):
-    with pytest.raises(ValueError, match="already quantized"):
-        QuantizedSelf.of(sj.quantize(target, "int8"))
+    with pytest.raises(ValueError, match="^quantized-self needs a target with float weights to quantize, and "
+                                         "this one is already quantized"):
+        methods.make("quantized-self", sj.quantize(target, "int8"))  # as --drafter reports it
     with pytest.raises(ValueError, match="mode must be one of"):
         QuantizedSelf.of(target, "int3")
     with pytest.raises(ValueError, match="threshold must be in"):

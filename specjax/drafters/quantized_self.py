@@ -58,8 +58,8 @@ class QuantizedSelf(self_draft.SelfDrafter):
         """The quantized self-draft of a float `target`: its matmul weights quantized to `mode`
         ("int8" or "int4"; see `sj.quantize`)."""
         if not has_float_layers(target):
-            raise ValueError("the target is already quantized: the quantized self-draft needs float "
-                             "weights to quantize (load the float model, or use another drafter)")
+            raise ValueError("quantized-self needs a target with float weights to quantize, and this "
+                             "one is already quantized (load the float model, or use another drafter)")
         return cls(quantize(target, mode), **settings)
 
     def check(self, target: Model) -> None:
