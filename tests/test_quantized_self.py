@@ -52,6 +52,8 @@ def test_bad_use_fails_clearly(target):
     with pytest.raises(ValueError, match="^quantized-self needs a target with float weights to quantize, and "
                                          "this one is already quantized"):
         methods.make("quantized-self", sj.quantize(target, "int8"))  # as --drafter reports it
+    with pytest.raises(ValueError, match="quantizes an sj.Model's weights; got dict"):
+        QuantizedSelf.of(target.params)
     with pytest.raises(ValueError, match="mode must be one of"):
         QuantizedSelf.of(target, "int3")
     with pytest.raises(ValueError, match="threshold must be in"):

@@ -57,6 +57,8 @@ class QuantizedSelf(self_draft.SelfDrafter):
     def of(cls, target: Model, mode: str = "int8", **settings) -> "QuantizedSelf":
         """The quantized self-draft of a float `target`: its matmul weights quantized to `mode`
         ("int8" or "int4"; see `sj.quantize`)."""
+        if not isinstance(target, Model):
+            raise ValueError(f"quantized-self quantizes an sj.Model's weights; got {type(target).__name__}")
         if not has_float_layers(target):
             raise ValueError("quantized-self needs a target with float weights to quantize, and this "
                              "one is already quantized (load the float model, or use another drafter)")
