@@ -28,17 +28,18 @@ DEFAULT_DRAFT = "tiny-draft"
 
 def default_drafter(target, temperature: float, constrained: bool = False) -> str:
     """The method `generate` uses without --drafter, the fastest measured for this kind of target
-    and temperature (benchmarks/README.md), never one measured slower than AR: for a target
-    whose float weights are memory-bound (MEMORY_BOUND_BYTES or more), its own int8 copy
-    (`quantized-self`) at any temperature, unless a constraint is given; otherwise prompt lookup
-    at temperature 0 and, when sampling, prompt lookup for a memory-bound target and AR for one
-    that fits in cache."""
+    and temperature (benchmarks/README.md), never one measured slower than AR: on the CPU, for a
+    target whose float weights are memory-bound (MEMORY_BOUND_BYTES or more), its own int8 copy
+    (`quantized-self`) at any temperature, unless a constraint is given (measured on the CPU
+    only); otherwise prompt lookup at temperature 0 and, when sampling, prompt lookup for a
+    memory-bound target and AR for one that fits in cache."""
     import jax
 
     from specjax.drafters.quantized_self import has_float_layers
 
     memory_bound = sum(leaf.nbytes for leaf in jax.tree.leaves(target.params)) >= MEMORY_BOUND_BYTES
-    if memory_bound and has_float_layers(target) and not constrained:
+    on_cpu = jax.default_backend() == "cpu"
+    if on_cpu and memory_bound and has_float_layers(target) and not constrained:
         return "quantized-self"
     if temperature == 0:
         return "prompt-lookup"
