@@ -15,26 +15,10 @@ import os
 import subprocess
 import sys
 
+from cpu_quantized_step import DTYPES, NAMES, measure  # the same forwards, timed the same way
 from specjax.bench.report import cpu
 
-DTYPES = ("float32", "int8", "int4")
-SHAPES = {"1x1": "step", "1x4": "4 tokens", "1x8": "8 tokens", "8x1": "batch-8 step"}
 BUILDS = {"AVX-512 (native)": "", "AVX2": "-mno-avx512f"}
-
-
-def measure() -> dict:
-    import specjax as sj
-    from specjax.bench.forward_cost import forward_seconds
-
-    out = {}
-    for dtype in DTYPES:
-        model = sj.load("smollm2")
-        if dtype != "float32":
-            model = sj.quantize(model, dtype)
-        for shape in SHAPES:
-            b, n = map(int, shape.split("x"))
-            out[f"{dtype} {shape}"] = forward_seconds(model, b, n, cached=200, cache_len=256, loop=8, reps=3)
-    return out
 
 
 def main():
@@ -43,7 +27,7 @@ def main():
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(measure()))
+        print(json.dumps({f"{dtype} {shape}": sec for dtype in DTYPES for shape, sec in measure(dtype).items()}))
         return
     best = {}
     for _ in range(args.repeats):
@@ -56,13 +40,13 @@ def main():
                 best[build, key] = min(sec, best.get((build, key), float("inf")))
     print(f"SmolLM2 forward, 200 cached, CPU kernels; host: {cpu()}, {os.cpu_count()} cores; "
           f"least of {args.repeats} interleaved runs; ms (x the same build's float32 step)\n")
-    print("| weights | build | " + " | ".join(SHAPES.values()) + " |")
-    print("|---|---|" + "---|" * len(SHAPES))
+    print("| weights | build | " + " | ".join(NAMES.values()) + " |")
+    print("|---|---|" + "---|" * len(NAMES))
     for dtype in DTYPES:
         for build in BUILDS:
             step = best[build, "float32 1x1"]
             cells = [f"{1e3 * best[build, f'{dtype} {s}']:.1f} ({best[build, f'{dtype} {s}'] / step:.2f}x)"
-                     for s in SHAPES]
+                     for s in NAMES]
             print(f"| {dtype} | {build} | " + " | ".join(cells) + " |")
 
 

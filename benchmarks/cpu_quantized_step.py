@@ -18,6 +18,7 @@ from specjax.bench.report import cpu
 
 DTYPES = ("float32", "int8", "int4")
 SHAPES = ((1, 1), (1, 4), (1, 8), (8, 1))  # (batch, new tokens)
+NAMES = {"1x1": "step", "1x4": "4 tokens", "1x8": "8 tokens", "8x1": "batch-8 step"}  # their table columns
 
 
 def measure(dtype: str) -> dict:
@@ -53,12 +54,11 @@ def main():
                     best[key] = min(sec, best.get(key, float("inf")))
     print(f"SmolLM2 forward, 200 cached; host: {cpu()}, {os.cpu_count()} cores; "
           f"least of {args.repeats} interleaved runs; ms\n")
-    names = {"1x1": "step", "1x4": "4 tokens", "1x8": "8 tokens", "8x1": "batch-8 step"}
-    print("| weights | " + " | ".join(f"{names[s]}, kernels | XLA" for s in names)
+    print("| weights | " + " | ".join(f"{NAMES[s]}, kernels | XLA" for s in NAMES)
           + " | step vs f32, kernels | batch-8 tokens/s, kernels / XLA f32 |")
-    print("|---|" + "---|---|" * len(names) + "---|---|")
+    print("|---|" + "---|---|" * len(NAMES) + "---|---|")
     for dtype in DTYPES:
-        cells = " | ".join(f"{best[('1', dtype, s)]*1e3:.1f} | {best[('0', dtype, s)]*1e3:.1f}" for s in names)
+        cells = " | ".join(f"{best[('1', dtype, s)]*1e3:.1f} | {best[('0', dtype, s)]*1e3:.1f}" for s in NAMES)
         speed = best[("1", "float32", "1x1")] / best[("1", dtype, "1x1")]
         batch8 = best[("0", "float32", "8x1")] / best[("1", dtype, "8x1")]
         print(f"| {dtype} | {cells} | {speed:.2f}x | {batch8:.2f}x |")

@@ -35,11 +35,11 @@ def default_drafter(target, temperature: float, constrained: bool = False) -> st
     memory-bound target and AR for one that fits in cache."""
     import jax
 
-    from specjax.drafters.quantized_self import has_float_layers
+    from specjax.quantize import is_quantized
 
     memory_bound = sum(leaf.nbytes for leaf in jax.tree.leaves(target.params)) >= MEMORY_BOUND_BYTES
     on_cpu = jax.default_backend() == "cpu"
-    if on_cpu and memory_bound and has_float_layers(target) and not constrained:
+    if on_cpu and memory_bound and not is_quantized(target) and not constrained:
         return "quantized-self"
     if temperature == 0:
         return "prompt-lookup"

@@ -32,6 +32,12 @@ def largest_group(k: int, bits: int) -> int:
     return max(fits)
 
 
+def is_quantized(model: Model) -> bool:
+    """Whether `model`'s layer weights are quantized (`QuantizedWeight`s: `quantize`, a Q8_0 /
+    Q4_0 GGUF)."""
+    return any(isinstance(w, pallas_kernels.QuantizedWeight) for w in model.params["layers"].values())
+
+
 def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
     """The model with its matmul weights (those declared `matmul` in `specjax.models.params`)
     quantized to `mode` ("int8" or "int4"), symmetric, one scale per `group_size` input rows and

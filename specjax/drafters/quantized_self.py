@@ -29,11 +29,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import QuantizedWeight
 from specjax.drafters.base import Context, EmptyState
 from specjax.drafters.blocks import self_draft
 from specjax.models import Model
-from specjax.quantize import quantize
+from specjax.quantize import is_quantized, quantize
 
 
 @jax.tree_util.register_dataclass
@@ -59,7 +58,7 @@ class QuantizedSelf(self_draft.SelfDrafter):
         ("int8" or "int4"; see `sj.quantize`)."""
         if not isinstance(target, Model):
             raise ValueError(f"quantized-self quantizes an sj.Model's weights; got {type(target).__name__}")
-        if not has_float_layers(target):
+        if is_quantized(target):
             raise ValueError("quantized-self needs a target with float weights to quantize, and this "
                              "one is already quantized (load the float model, or use another drafter)")
         return cls(quantize(target, mode), **settings)
@@ -86,8 +85,3 @@ class QuantizedSelf(self_draft.SelfDrafter):
         tree = self_draft.draft_chain(ctx, key, keep, keep, self.depth, self.threshold,
                                       jnp.full((b,), self.depth, jnp.int32), params=self.draft.params)
         return tree, state
-
-
-def has_float_layers(model: Model) -> bool:
-    """Whether `model`'s layer weights are float, so that its quantized copy is cheaper to run."""
-    return not any(isinstance(w, QuantizedWeight) for w in model.params["layers"].values())
