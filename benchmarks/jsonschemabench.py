@@ -595,7 +595,7 @@ def main() -> int:
                 continue
             schema = json.loads(data.text(category, name))
             prompt = len(chat_ids(tok, schema))
-            if prompt > max_prompt:
+            if prompt > max_prompt and "skipped" in results["decode"].get(k, {"skipped": ""}):  # keeps a decode
                 results["decode"][k] = {"skipped": f"prompt of {prompt} tokens"}
                 print(f"decode  {k:40s} skipped: prompt of {prompt} tokens", flush=True)
                 continue
