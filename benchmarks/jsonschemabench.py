@@ -315,6 +315,12 @@ def chat_ids(tok, schema) -> list[int]:
     return tok.chat([{"role": "user", "content": prompt_text(schema)}])
 
 
+def passed_over(row: dict | None, prompt: int, max_prompt: int) -> bool:
+    """Whether a schema is not decoded for its prompt length: over the limit, and not decoded by an
+    earlier round (whose decode is kept when a later round has a smaller limit)."""
+    return prompt > max_prompt and (row is None or "skipped" in row)
+
+
 def decode(model, tok, schema, grammar, max_new_tokens: int, repeats: int, rng) -> dict:
     """One schema decoded by every method (see the module); per method its output and timing."""
     ids, eos = chat_ids(tok, schema), list(tok.eos_token_ids)
@@ -595,7 +601,7 @@ def main() -> int:
                 continue
             schema = json.loads(data.text(category, name))
             prompt = len(chat_ids(tok, schema))
-            if prompt > max_prompt and "skipped" in results["decode"].get(k, {"skipped": ""}):  # keeps a decode
+            if passed_over(results["decode"].get(k), prompt, max_prompt):
                 results["decode"][k] = {"skipped": f"prompt of {prompt} tokens"}
                 print(f"decode  {k:40s} skipped: prompt of {prompt} tokens", flush=True)
                 continue

@@ -1,5 +1,6 @@
 """benchmarks/jsonschemabench.py's own parts that define its numbers: the seeded sample (the
-same files on every machine, a smaller sample a prefix of a larger) and the compliance check."""
+same files on every machine, a smaller sample a prefix of a larger), the compliance check and
+which schemas a round decodes."""
 
 import json
 import runpy
@@ -49,3 +50,10 @@ def test_batch_table_counts_rows():
     assert table[2].startswith("| Glaiveai2K | 2 | 1 / 1 / 0 / 0 | 1 / 1 / 0 | 1/2 | 1/1 |")  # the categories' order
     assert table[4].startswith("| **all** (median of batches) | 4 | 2 / 1 / 1 / 0 | 2 / 1 / 1 | 3/4 | 2/2 |")
     assert table[4].endswith("| 2.00 | 1.50x |")
+
+
+def test_a_smaller_prompt_limit_keeps_earlier_decodes():
+    passed_over = bench["passed_over"]
+    assert passed_over(None, 5000, 4096) and passed_over({"skipped": "prompt of 5000 tokens"}, 5000, 4096)
+    assert not passed_over({"constrained-ar": {}}, 5000, 4096)  # decoded at a larger limit: kept
+    assert not passed_over(None, 4000, 4096)
