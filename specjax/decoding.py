@@ -120,6 +120,19 @@ def bucket(n: int, floor: int = 16) -> int:
     return max(floor, 1 << (int(n) - 1).bit_length())
 
 
+LONG_PROMPT = 1024  # tokens; longer prompts pad by at most a quarter, not to the next power of two
+
+
+def prompt_bucket(n: int) -> int:
+    """The width a prompt of n tokens compiles at: `bucket(n)` up to LONG_PROMPT tokens; above,
+    the next of 2^k * (5/4, 3/2, 7/4, 2), so a long prompt's prefill pads by at most 25%, not
+    up to 100%, for three more programs an octave."""
+    if n <= LONG_PROMPT:
+        return bucket(n)
+    step = bucket(n) // 8
+    return -(-int(n) // step) * step
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The static pieces of one decode, resolved and checked on the host. `prompt_len` and
@@ -172,7 +185,7 @@ def plan(config: ModelConfig, target: Model | None, prompt_len: int, drafter: Dr
     if not isinstance(verifier, verify.Verifier):
         raise TypeError(f"verifier must be a specjax rule (sj.verify.*), got {type(verifier).__name__}")
     check_positions(config, prompt_len, request.max_new_tokens)
-    width = bucket(prompt_len) if bucketed else prompt_len
+    width = prompt_bucket(prompt_len) if bucketed else prompt_len
     settings = dataclasses.replace(asked, max_new_tokens=bucket(asked.max_new_tokens)) if bucketed else asked
     return Plan(drafter, verifier, settings, constraint, width + settings.max_new_tokens + drafter.num_nodes,
                 width, asked.max_new_tokens, bucketed)
@@ -245,8 +258,8 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter: Drafte
     `drafter=None` is plain autoregressive decoding, `sj.Adaptive(...)` chooses the speculation
     length as it goes; `verifier=None` picks the exact rule that fits the drafter and the
     temperature. Prompt length, max_new_tokens and batch size are padded to buckets (see
-    `bucket`), so varied requests reuse a few compiled programs; a new drafter, verifier,
-    sampling setting or EOS list compiles anew. The stats give decoding time (`wall_time_s`,
+    `prompt_bucket`, `bucket`), so varied requests reuse a few compiled programs; a new
+    drafter, verifier, sampling setting or EOS list compiles anew. The stats give decoding time (`wall_time_s`,
     `tokens_per_s`) without compilation, and `compile_s` apart. A model laid out on a mesh
     (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid out on the same mesh.
     `constraint` (`sj.constraints.json_schema` / `regex` / `grammar`, or a list of them or None,

@@ -162,29 +162,30 @@ def attention_qkv(config, lp, x, positions, inv_freq):
 
 
 def attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k_block, v_block, mask,
-                     window=None, layer=None):
+                     window=None, layer=None, causal=False):
     """The queries q [B,T,H,hd] attend to the cache slots [0, lengths) and to the block of new
     keys/values [B,M,KV,hd] that `mask` bool[B,T,M] allows; returns the output projection
     [B,T,E] (post-attention-normed where configured). `window` (scalar, may be traced) limits
     the cache slots seen; the mask must already hold it. With `layer`, k/v_cache are the
-    stacks [L,B,S,KV,hd] of every layer, read in place at that index."""
+    stacks [L,B,S,KV,hd] of every layer, read in place at that index. `causal`: no query sees
+    a later key of the block (see tree_attention)."""
     c = config
     b, t = q.shape[:2]
     scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
     out = tree_attention(q, k_cache, v_cache, lengths, k_block, v_block, mask, index=layer,
                          q_positions=positions, window=window, scale=scale,
-                         softcap=c.attn_logit_softcapping)
+                         softcap=c.attn_logit_softcapping, causal=causal)
     h = dense(out.reshape(b, t, -1), lp["wo"])
     return norm(c, h, lp["post_attn_norm"]) if c.sandwich_norms else h
 
 
 def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
-                     window=None, layer=None):
+                     window=None, layer=None, causal=False):
     """Self-attention of one layer over the normed x, the new tokens seeing each other by
     `tree_mask`; returns (output, k_new, v_new) (heads call it with sandwich_norms off)."""
     q, k, v = attention_qkv(config, lp, x, positions, inv_freq)
     return attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k, v, tree_mask,
-                            window, layer), k, v
+                            window, layer, causal), k, v
 
 
 def mlp_residual(config, lp, x):
@@ -227,6 +228,7 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     if positions is None:
         start = cache.lengths[:, None] if cache is not None else jnp.zeros((b, 1), jnp.int32)
         positions = start + jnp.arange(t, dtype=jnp.int32)[None, :]
+    causal = tree_mask is None and not c.bidirectional and inject is None
     if tree_mask is None:
         square = jnp.ones((t, t), bool)
         tree_mask = jnp.broadcast_to(square if c.bidirectional else jnp.tril(square), (b, t, t))
@@ -268,7 +270,7 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         with jax.named_scope("attention"):
             h, k_new, v_new = attention_block(c, lp, norm(c, x, lp["attn_norm"]), positions, mask,
                                                k_layer, v_layer, lengths, inv_freq, window,
-                                               index if in_place else None)
+                                               index if in_place else None, causal)
         with jax.named_scope("mlp"):
             x = mlp_residual(c, lp, x + h)
         return x, (k_new, v_new, x if return_layers else None)

@@ -9,7 +9,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import pallas_kernels
-from pallas_kernels.tree_attention import gpu, reference, tpu
+from pallas_kernels.tree_attention import causal_blocks, gpu, reference, tpu
 from tests.kernels.modes import ON_ACCELERATOR, interpret_for, races_found
 
 _reference_jit = jax.jit(reference.tree_attention, static_argnames="window")
@@ -115,6 +115,35 @@ def test_api_picks_reference_for_windows_and_the_kernel_on_cpu():
         want = reference_tree_attention(*clean)
         np.testing.assert_allclose(api(*clean), want, atol=1e-6, rtol=1e-5)
         np.testing.assert_array_equal(pallas_kernels.tree_attention(*clean, impl="reference"), want)
+
+
+@pytest.mark.parametrize("n,hq,kv,window,softcap,dtype", [
+    (300, 9, 3, None, None, jnp.float32),  # SmolLM2's heads; the last block ragged (300 = 2 * 128 + 44)
+    (257, 4, 4, 50, 30.0, jnp.float32),  # a sliding window in the mask, Gemma's soft-cap
+    (129, 8, 2, None, None, jnp.bfloat16),
+])
+def test_causal_blocks_match_the_reference(n, hq, kv, window, softcap, dtype):
+    """A prefill's causal block by query blocks equals the full square; a mask with a key after
+    its query (not causal) is where the blocks differ, so the check can fail."""
+    rng = np.random.default_rng(n)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, n, h, 32), np.float32), dtype) for h in (hq, kv, kv))
+    i = np.arange(n)
+    causal = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < (window or n))
+    mask = jnp.asarray(np.broadcast_to(causal, (2, n, n)))
+    empty, lengths = jnp.zeros((2, 0, kv, 32), dtype), jnp.zeros((2,), jnp.int32)
+    want = reference_tree_attention(q, empty, empty, lengths, k, v, mask, softcap=softcap)
+    with jax.default_matmul_precision("float32"):
+        got = jax.jit(causal_blocks.causal_attention, static_argnames="softcap")(q, k, v, mask, softcap=softcap)
+        via_api = jax.jit(pallas_kernels.tree_attention, static_argnames=("causal", "softcap", "impl"))(
+            q, empty, empty, lengths, k, v, mask, causal=True, softcap=softcap, impl="cpu")
+    tol = TOL[dtype]
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol)
+    np.testing.assert_array_equal(via_api, got)
+    future = mask.at[:, 0, n - 1].set(True)  # the first query sees the last key: not causal
+    wrong = causal_blocks.causal_attention(q, k, v, future, softcap=softcap)
+    assert not np.allclose(np.asarray(wrong[:, 0], np.float32), np.asarray(
+        reference_tree_attention(q, empty, empty, lengths, k, v, future, softcap=softcap)[:, 0], np.float32),
+        atol=tol, rtol=tol)
 
 
 def test_api_rejects_bad_shapes():
