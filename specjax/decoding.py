@@ -259,9 +259,10 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter: Drafte
     length as it goes; `verifier=None` picks the exact rule that fits the drafter and the
     temperature. Prompt length, max_new_tokens and batch size are padded to buckets (see
     `prompt_bucket`, `bucket`), so varied requests reuse a few compiled programs; a new
-    drafter, verifier, sampling setting or EOS list compiles anew. The stats give decoding time (`wall_time_s`,
-    `tokens_per_s`) without compilation, and `compile_s` apart. A model laid out on a mesh
-    (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid out on the same mesh.
+    drafter, verifier, sampling setting or EOS list compiles anew. The stats give decoding
+    time (`wall_time_s`, `tokens_per_s`) without compilation, and `compile_s` apart. A model
+    laid out on a mesh (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid
+    out on the same mesh.
     `constraint` (`sj.constraints.json_schema` / `regex` / `grammar`, or a list of them or None,
     one a row) restricts the output to its language: the target's logits are masked to the
     allowed tokens before processing (so p is renormalised over them), which keeps every exact

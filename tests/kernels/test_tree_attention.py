@@ -133,7 +133,8 @@ def test_causal_blocks_match_the_reference(n, hq, kv, window, softcap, dtype):
     empty, lengths = jnp.zeros((2, 0, kv, 32), dtype), jnp.zeros((2,), jnp.int32)
     want = reference_tree_attention(q, empty, empty, lengths, k, v, mask, softcap=softcap)
     with jax.default_matmul_precision("float32"):
-        got = jax.jit(causal_blocks.causal_attention, static_argnames="softcap")(q, k, v, mask, softcap=softcap)
+        blocks = jax.jit(causal_blocks.causal_attention, static_argnames="softcap")
+        got = blocks(q, k, v, mask, softcap=softcap)
         via_api = jax.jit(pallas_kernels.tree_attention, static_argnames=("causal", "softcap", "impl"))(
             q, empty, empty, lengths, k, v, mask, causal=True, softcap=softcap, impl="cpu")
     tol = TOL[dtype]
