@@ -182,7 +182,8 @@ def test_varied_requests_reuse_bucketed_programs(target):
     for prompts, new in requests:
         out = sj.generate(target, prompts, max_new_tokens=new, eos_token_id=eos)
         assert out.tokens.shape == (len(prompts), new)
-        buckets.add((decoding.prompt_bucket(max(map(len, prompts))), decoding.bucket(new), decoding.bucket(len(prompts), 1)))
+        width = decoding.prompt_bucket(max(map(len, prompts)))
+        buckets.add((width, decoding.bucket(new), decoding.bucket(len(prompts), 1)))
     assert decoding._decode_jit._cache_size() - before == len(buckets) == 5
     short = sj.generate(target, RAGGED, max_new_tokens=5, eos_token_id=eos)  # a budget, not a new program
     np.testing.assert_array_equal(short.tokens, sj.generate(target, RAGGED, max_new_tokens=16,
