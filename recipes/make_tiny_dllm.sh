@@ -17,10 +17,7 @@ PY=${PYTHON:-python}
 
 $PY -m specjax.train --config configs/tiny-dllm-code.toml
 $PY -m specjax.train export --config configs/tiny-dllm-code.toml specjax/assets/tiny-dllm-code
-# the shipped task dLLM: 3000 steps, then resumed to 8000 (the cosine schedule restarts from
-# where step 3000 falls in an 8000-step one); a straight 8000-step run would differ slightly
 $PY -m specjax.train --config configs/tiny-dllm-tasks.toml
-$PY -m specjax.train --config configs/tiny-dllm-tasks.toml --steps 8000
 $PY -m specjax.train export --config configs/tiny-dllm-tasks.toml specjax/assets/tiny-dllm-tasks
 $PY recipes/make_learn2pd.py --model tiny-dllm-tasks --examples 96   # -> specjax/assets/tiny-dllm-tasks/learn2pd.npz
 $PY -m specjax.train trajectories --model specjax/assets/tiny-dllm-tasks \

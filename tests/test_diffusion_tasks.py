@@ -1,5 +1,6 @@
-"""The shipped task dLLM (`tiny-dllm-tasks`) under the samplers: FreeDave's output equals static
-decoding's on every task, and the dependency fixture of the dLLM notes (§10.3): two digits in
+"""The shipped task dLLM (`tiny-dllm-tasks`) under the samplers: it answers the deterministic tasks
+at one token per forward, FreeDave's output equals static decoding's on every task, and the
+dependency fixture of the dLLM notes (§10.3): two digits in
 either order, so the answer's marginals are 1/2 each while the joint is not a product."""
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ def model():
 
 def _canvas(examples):
     return dd.make_canvas([pb.encode(e)[0] for e in examples], pb.GEN_LENGTH, pb.MASK_ID, pb.PAD_ID)
+
+
+def test_the_shipped_model_answers_the_deterministic_tasks_one_token_per_forward(model):
+    rng = np.random.default_rng(10)
+    examples = [pb.sample(task, rng) for task in pb.DETERMINISTIC for _ in range(8)]
+    static = lambda exs: dd.generate(model, _canvas(exs), gen_length=pb.GEN_LENGTH, blocks=8, rule=dd.TopK(1))
+    correct = lambda exs, out: np.mean([pb.check(e, pb.decode(t)) for e, t in zip(exs, out.tokens)])
+    assert correct(examples, static(examples)) >= 0.95  # measured: 1.0 (the bench: 0.998 over 576)
+    # negative control: the same lists asked to be copied instead of reversed are scored wrong
+    reverse = [e for e in examples if e.task == "reverse" and e.answer != e.answer[::-1]]
+    as_copy = [pb.Example(e.task, ("copy",) + e.prompt[1:], e.answer) for e in reverse]
+    assert correct(reverse, static(as_copy)) <= 0.2
 
 
 def test_freedave_is_static_decoding_on_every_task_in_fewer_forwards(model):
@@ -57,7 +70,8 @@ def test_the_dependency_fixture_separates_sequential_from_parallel_decoding(mode
     assert abs(parallel - predicted) < 4 * sigma, (parallel, predicted)
     # negative control: one digit per forward, the second seeing the first, keeps the dependency
     assert valid(run(dd.TopK(1), temperature=1.0, key=key)) > predicted + 6 * sigma  # measured: 9.5 sigma
-    assert valid(run(dd.TopK(1))) >= 0.9 and valid(run(dd.TopK(2))) <= 0.2  # greedy, the same split
+    # greedy, the same split: both argmaxes in one forward often name the same digit (measured 0.39)
+    assert valid(run(dd.TopK(1))) >= 0.9 and valid(run(dd.TopK(2))) <= 0.5
     # the threshold rule falls back to one digit per forward (the first block takes two forwards)
     threshold, forced = run(dd.Threshold(0.9)), run(dd.TopK(2))
     assert valid(threshold) >= 0.9
