@@ -153,10 +153,10 @@ def test_w8a8_rounds_activations():
     assert 1e-4 < rel < 2e-2
 
 
-def test_api_uses_reference_on_cpu_and_honours_out_dtype():
+def test_api_honours_out_dtype_and_matches_the_reference():
     x, qw = normal((3, 256), seed=1, dtype=jnp.bfloat16), quantize(normal((256, 32)), 4, 32)
     out = pallas_kernels.quantized_matmul(x, qw, out_dtype=jnp.float32)
     assert out.dtype == jnp.float32
-    if not ON_ACCELERATOR:
-        np.testing.assert_array_equal(
-            out, reference.quantized_matmul(x, qw, out_dtype=jnp.float32))
+    if not ON_ACCELERATOR:  # the CPU kernel's sums run in another order than XLA's dot (host-dependent)
+        expected = reference.quantized_matmul(x, qw, out_dtype=jnp.float32)
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
