@@ -22,6 +22,7 @@ from pallas_kernels.quant_matmul.reference import check_inputs, quantize_rows
 from pallas_kernels.quant_matmul.weight import QuantizedWeight, unpack
 
 _DOT = (((1,), (0,)), ((), ()))
+_EXACT = lax.Precision.HIGHEST  # float32 operands: IEEE products (Triton's default is TF32); no-op for bf16
 
 
 def _kernel(x_ref, data_ref, scales_ref, *rest, bits: int, group_size: int, plane_rows: int,
@@ -36,7 +37,7 @@ def _kernel(x_ref, data_ref, scales_ref, *rest, bits: int, group_size: int, plan
             cols = pl.ds(pl.multiple_of(p * plane_rows + g * group_size, group_size), group_size)
             x = x_ref[:, cols]  # [bm, g]
             w = plane.astype(x.dtype)  # exact: |q| <= 127
-            prod = lax.dot_general(x, w, _DOT, preferred_element_type=jnp.int32 if w8a8
+            prod = lax.dot_general(x, w, _DOT, precision=_EXACT, preferred_element_type=jnp.int32 if w8a8
                                    else jnp.float32)
             acc += prod.astype(jnp.float32) * scales_ref[p, pl.ds(g, 1), :]
         return acc

@@ -22,6 +22,7 @@ from pallas_kernels.tree_attention.layout import (from_rows, next_pow2, pad_node
                                                   row_mask, to_rows)
 
 _NEG = -1e30  # finite "minus infinity": exp(_NEG - m) == 0 without inf - inf NaNs
+_EXACT = lax.Precision.HIGHEST  # float32 operands: IEEE products (Triton's default is TF32); no-op for bf16
 
 
 def _kernel(len_ref, q_ref, k_ref, v_ref, kt_ref, vt_ref, mask_ref, o_ref, m_ref, l_ref, *,
@@ -34,13 +35,13 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, kt_ref, vt_ref, mask_ref, o_ref, m_ref
     def attend(carry, k, v, valid):
         """One online-softmax step over keys k / values v [bk, hd]; valid bool [block_r|1, bk]."""
         acc, m, l = carry
-        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+        s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=_EXACT,
                             preferred_element_type=jnp.float32) * scale
         s = jnp.where(valid, s, _NEG)
         m_new = jnp.maximum(m, s.max(axis=1))
         p = jnp.where(valid, jnp.exp(s - m_new[:, None]), 0.0)
         alpha = jnp.exp(m - m_new)
-        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+        pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=_EXACT,
                              preferred_element_type=jnp.float32)
         return acc * alpha[:, None] + pv, m_new, l * alpha + p.sum(axis=1)
 
