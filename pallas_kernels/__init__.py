@@ -5,7 +5,8 @@ for the backend)."""
 from pallas_kernels.matmul import matmul
 from pallas_kernels.quant_matmul import (QuantizedWeight, dequantize, kernel_layout, quantize,
                                          quantized_matmul)
+from pallas_kernels.rms_norm import rms_norm
 from pallas_kernels.tree_attention import tree_attention
 
 __all__ = ["QuantizedWeight", "dequantize", "kernel_layout", "matmul", "quantize", "quantized_matmul",
-           "tree_attention"]
+           "rms_norm", "tree_attention"]

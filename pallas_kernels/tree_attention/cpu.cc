@@ -2,9 +2,16 @@
 // the used slots [0, lengths[b]) of each row (plus the tree block), so a step costs what the
 // context holds, not what the cache allocates. The cache is the model's whole stack
 // [L, B, S, KV, hd] and the layer is picked inside the kernel (XLA never copies it out); the
-// slots of one row are contiguous in it. Work is split into (row, kv head, chunk of slots)
-// tasks with an online softmax each, merged at the end (flash-decoding); the G query heads of a
-// kv head and the N tree queries share every key and value read.
+// slots of one row are contiguous in it.
+//
+// Keys are taken by position: a query sees its row's cache slots at positions [0, used) and then
+// the tree nodes its mask allows, in index order, at positions used, used + 1, ... (along a tree
+// path, each node at its own position). The sum runs in chunks and blocks of fixed positions,
+// wherever a key is stored, so a query attends in the same order, to the bit, whether the keys
+// before it sit in the cache (a decode step) or in the tree block (a verify pass): with a float32
+// cache, verifying a path gives the logits its decode steps would. Work is split into
+// (row, kv head, chunk of positions) tasks with an online softmax each, merged in position order
+// (flash-decoding); the G query heads of a kv head and the N tree queries share every key read.
 #include <limits>
 #include <vector>
 
@@ -15,12 +22,19 @@ using namespace specjax_cpu;
 
 namespace {
 
-constexpr int64_t CHUNK = 256;  // cache slots per task
-constexpr int SB = 16;          // slots scored together (one exp per vector of scores)
+constexpr int64_t CHUNK = 256;  // positions per task
+constexpr int SB = 16;          // positions scored together (one exp per vector of scores)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 inline vf load_kv(const float* p) { return load(p); }
 inline vf load_kv(const uint16_t* p) { return load_bf16(p); }
+
+template <typename T>
+inline float dot(const float* q, const T* k, int hd) {
+  vf acc{};
+  for (int d = 0; d < hd; d += VL) acc += load(q + d) * load_kv(k + d);
+  return hsum(acc);
+}
 
 struct Partial {  // one task's online-softmax state for its `rows` queries
   float* max;     // [rows]
@@ -28,30 +42,38 @@ struct Partial {  // one task's online-softmax state for its `rows` queries
   float* acc;     // [rows, hd]
 };
 
-// Attend queries q [rows, hd] (pre-scaled) to `count` keys/values at k, v (row stride `stride`
-// elements); visible(r, j) says whether query r sees key j.
-template <typename T, typename Visible>
-void attend(const float* q, int rows, int hd, const T* k, const T* v, int64_t count, int64_t stride,
-            Visible visible, Partial out) {
+// One (row, kv head)'s keys and values by position (see the top of the file).
+template <typename T>
+struct Keys {
+  const T *k_cache, *v_cache;     // slot s at s * stride
+  const float *k_tree, *v_tree;   // node j at j * stride
+  const int32_t* seen;            // [N, M]: the tree nodes query n sees, in index order
+  const int32_t* count;           // [N]: how many
+  int64_t used, stride, M;
+  int G;
+};
+
+// Attend queries q [rows, hd] (pre-scaled; row r is query n = r / G) to the positions
+// [p0, p1) of `keys`.
+template <typename T>
+void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, int64_t p1, Partial out) {
   for (int r = 0; r < rows; ++r) out.max[r] = NEG_INF, out.sum[r] = 0.f;
   std::fill(out.acc, out.acc + int64_t(rows) * hd, 0.f);
   alignas(64) float scores[SB];
-  for (int64_t s0 = 0; s0 < count; s0 += SB) {
-    const int n = int(std::min<int64_t>(SB, count - s0));
+  for (int64_t s0 = p0; s0 < p1; s0 += SB) {
+    const int n = int(std::min<int64_t>(SB, p1 - s0));
     for (int r = 0; r < rows; ++r) {
+      const int64_t node = r / keys.G, end = keys.used + keys.count[node];
+      const int32_t* seen = keys.seen + node * keys.M - keys.used;  // seen[pos]: pos >= used
       const float* qr = q + int64_t(r) * hd;
+      // positions s0 + [0, in_cache) are cache slots, s0 + [in_cache, last) tree nodes
+      const int last = int(std::clamp<int64_t>(end - s0, 0, n));
+      const int in_cache = int(std::clamp<int64_t>(keys.used - s0, 0, last));
       float block_max = NEG_INF;
-      for (int j = 0; j < SB; ++j) {
-        float s = NEG_INF;
-        if (j < n && visible(r, s0 + j)) {
-          const T* kj = k + (s0 + j) * stride;
-          vf dot{};
-          for (int d = 0; d < hd; d += VL) dot += load(qr + d) * load_kv(kj + d);
-          s = hsum(dot);
-        }
-        scores[j] = s;
-        block_max = std::max(block_max, s);
-      }
+      for (int j = 0; j < SB; ++j) scores[j] = NEG_INF;
+      for (int j = 0; j < in_cache; ++j) scores[j] = dot(qr, keys.k_cache + (s0 + j) * keys.stride, hd);
+      for (int j = in_cache; j < last; ++j) scores[j] = dot(qr, keys.k_tree + seen[s0 + j] * keys.stride, hd);
+      for (int j = 0; j < last; ++j) block_max = std::max(block_max, scores[j]);
       if (block_max == NEG_INF) continue;
       const float new_max = std::max(out.max[r], block_max);
       const float alpha = out.max[r] == NEG_INF ? 0.f : std::exp(out.max[r] - new_max);
@@ -66,7 +88,8 @@ void attend(const float* q, int rows, int hd, const T* k, const T* v, int64_t co
       float* acc = out.acc + int64_t(r) * hd;
       for (int d = 0; d < hd; d += VL) {
         vf a = load(acc + d) * alpha;
-        for (int j = 0; j < n; ++j) a += scores[j] * load_kv(v + (s0 + j) * stride + d);
+        for (int j = 0; j < in_cache; ++j) a += scores[j] * load_kv(keys.v_cache + (s0 + j) * keys.stride + d);
+        for (int j = in_cache; j < last; ++j) a += scores[j] * load(keys.v_tree + seen[s0 + j] * keys.stride + d);
         store(acc + d, a);
       }
     }
@@ -79,15 +102,28 @@ void tree_attention(ffi::ThreadPool& pool, const float* q, const T* k_cache, con
                     float* out, int64_t B, int64_t N, int64_t Hq, int64_t KV, int64_t hd, int64_t S,
                     int64_t M, float scale) {
   const int64_t G = Hq / KV, rows = N * G;
-  struct Task { int64_t b, h, start, count; };  // count < 0: the tree block
-  std::vector<Task> tasks;
+  // each query's visible tree nodes in index order, and each row's positions in all
+  std::vector<int32_t> seen(B * N * M), count(B * N), used(B), span(B);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t used = std::clamp<int64_t>(lengths[b], 0, S);
-    for (int64_t h = 0; h < KV; ++h) {
-      for (int64_t s = 0; s < used; s += CHUNK) tasks.push_back({b, h, s, std::min(CHUNK, used - s)});
-      tasks.push_back({b, h, 0, -1});
+    used[b] = int32_t(std::clamp<int64_t>(lengths[b], 0, S));
+    span[b] = used[b];
+    for (int64_t n = 0; n < N; ++n) {
+      int32_t c = 0;
+      for (int64_t j = 0; j < M; ++j)
+        if (mask[(b * N + n) * M + j]) seen[(b * N + n) * M + c++] = int32_t(j);
+      count[b * N + n] = c;
+      span[b] = std::max(span[b], used[b] + c);
     }
   }
+  struct Task { int64_t b, h, start, end; };
+  std::vector<Task> tasks;
+  std::vector<size_t> first(B * KV + 1);  // the tasks of (b, h): [first[b KV + h], first[... + 1])
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < KV; ++h) {
+      first[b * KV + h] = tasks.size();
+      for (int64_t s = 0; s < span[b]; s += CHUNK) tasks.push_back({b, h, s, std::min<int64_t>(s + CHUNK, span[b])});
+    }
+  first[B * KV] = tasks.size();
   // per task: max [rows], sum [rows], acc [rows, hd]; the scaled queries of each (b, h)
   std::vector<float> state(tasks.size() * rows * (hd + 2));
   std::vector<float> queries(B * KV * rows * hd);
@@ -101,24 +137,17 @@ void tree_attention(ffi::ThreadPool& pool, const float* q, const T* k_cache, con
   parallel_for(pool, int64_t(tasks.size()), [&](int64_t t) {
     const Task task = tasks[t];
     float* base = state.data() + t * rows * (hd + 2);
-    Partial part{base, base + rows, base + 2 * rows};
-    const float* qs = queries.data() + (task.b * KV + task.h) * rows * hd;
-    if (task.count >= 0) {
-      const int64_t offset = ((task.b * S + task.start) * KV + task.h) * hd;
-      attend(qs, int(rows), int(hd), k_cache + offset, v_cache + offset, task.count, KV * hd,
-             [](int, int64_t) { return true; }, part);
-    } else {
-      const int64_t offset = (task.b * M * KV + task.h) * hd;
-      const bool* m = mask + task.b * N * M;
-      attend(qs, int(rows), int(hd), k_tree + offset, v_tree + offset, M, KV * hd,
-             [&](int r, int64_t j) { return m[(r / G) * M + j]; }, part);
-    }
+    const int64_t cache = (task.b * S * KV + task.h) * hd, tree = (task.b * M * KV + task.h) * hd;
+    const Keys<T> keys{k_cache + cache, v_cache + cache, k_tree + tree, v_tree + tree,
+                       seen.data() + task.b * N * M, count.data() + task.b * N, used[task.b],
+                       KV * hd, M, int(G)};
+    attend(queries.data() + (task.b * KV + task.h) * rows * hd, int(rows), int(hd), keys,
+           task.start, task.end, Partial{base, base + rows, base + 2 * rows});
   });
-  // merge each (b, h)'s tasks (they are consecutive) into the output
-  for (size_t t0 = 0; t0 < tasks.size();) {
-    size_t t1 = t0;
-    while (t1 < tasks.size() && tasks[t1].b == tasks[t0].b && tasks[t1].h == tasks[t0].h) ++t1;
-    const int64_t b = tasks[t0].b, h = tasks[t0].h;
+  // merge each (b, h)'s tasks, in position order, into the output
+  for (int64_t bh = 0; bh < B * KV; ++bh) {
+    const int64_t b = bh / KV, h = bh % KV;
+    const size_t t0 = first[bh], t1 = first[bh + 1];
     for (int64_t r = 0; r < rows; ++r) {
       float top = NEG_INF;
       for (size_t t = t0; t < t1; ++t) top = std::max(top, state[t * rows * (hd + 2) + r]);
@@ -137,7 +166,6 @@ void tree_attention(ffi::ThreadPool& pool, const float* q, const T* k_cache, con
       }
       for (int64_t d = 0; d < hd; ++d) o[d] /= total;
     }
-    t0 = t1;
   }
 }
 

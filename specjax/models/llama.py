@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import QuantizedWeight, dequantize, quantized_matmul
 from pallas_kernels.matmul import matmul, runs_cpu_kernel
+from pallas_kernels.rms_norm import rms_norm as _rms_norm
 from pallas_kernels.tree_attention import tree_attention
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -70,10 +71,9 @@ def layer_params(layers: dict, index, in_place: bool) -> dict:
 
 
 def rms_norm(x, w, eps, offset=0.0):
-    """RMSNorm in float32, scaled by (offset + w) (Gemma: offset 1), in x's dtype."""
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return ((offset + w.astype(jnp.float32)) * x32).astype(x.dtype)
+    """RMSNorm in float32, scaled by (offset + w) (Gemma: offset 1), in x's dtype; on CPU the
+    few rows of a decode or verify step run the kernel, whose rows do not depend on each other."""
+    return _rms_norm(x, w, eps=eps, offset=offset)
 
 
 def norm(config: ModelConfig, x, w):

@@ -16,6 +16,8 @@ from pallas_kernels import ffi, quantize
 from pallas_kernels.matmul import matmul
 from pallas_kernels.matmul import reference as matmul_ref
 from pallas_kernels.quant_matmul import dequantize, quantized_matmul
+from pallas_kernels.rms_norm import reference as norm_ref
+from pallas_kernels.rms_norm import rms_norm
 from pallas_kernels.tree_attention import reference as attention_ref
 from pallas_kernels.tree_attention import tree_attention
 
@@ -139,6 +141,37 @@ def test_quantized_matmul_w8a8_runs_the_reference():
     assert "specjax_quant_matmul" not in hlo
 
 
+# ---- rms norm ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m,d,offset", [(1, 576, 0.0), (7, 576, 1.0), (64, 37, 0.0)])
+def test_rms_norm_equals_reference(m, d, offset):
+    x, w = normal((m, d), 1), normal((d,), 2)
+    got = jax.jit(lambda x, w: rms_norm(x, w, eps=1e-5, offset=offset, impl="cpu"))(x, w)
+    close(got, norm_ref.rms_norm(x, w, eps=1e-5, offset=offset))
+    hlo = jax.jit(lambda x: rms_norm(x, w, eps=1e-5, impl="cpu")).lower(x).as_text()
+    assert "specjax_rms_norm" in hlo
+
+
+def test_rms_norm_rows_do_not_depend_on_their_neighbours():
+    # XLA's own reduction can sum a row differently among 8 rows than alone: the kernel may not
+    x, w = normal((2, 8, 576), 1), normal((576,), 2)
+    run = jax.jit(lambda x: rms_norm(x, w, eps=1e-6, impl="cpu"))
+    whole = run(x)
+    for i in range(8):
+        np.testing.assert_array_equal(run(x[:1, i:i + 1])[0, 0], whole[0, i])
+
+
+def test_rms_norm_bfloat16_vmap_grad_and_many_rows():
+    x, w = normal((3, 4, 64), 1), normal((64,), 2)
+    f = lambda x: rms_norm(x, w, eps=1e-6, impl="cpu")
+    ref = lambda x: norm_ref.rms_norm(x, w, eps=1e-6)
+    assert f(x.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+    close(jax.vmap(f)(x), ref(x))
+    close(jax.grad(lambda x: f(x).sum())(x), jax.grad(lambda x: ref(x).sum())(x))
+    many = normal((65, 64), 3)  # past the kernel's rows: XLA's fusion
+    assert "specjax_rms_norm" not in jax.jit(f).lower(many).as_text()
+
+
 # ---- tree attention ------------------------------------------------------------------------------
 
 def attention_inputs(b, n, hq, kv, hd, s, layers=2, dtype=jnp.float32, seed=0):
@@ -164,6 +197,29 @@ def test_tree_attention_equals_reference(b, n, hq, kv, hd, s, lengths, dtype):
     got = jax.jit(lambda *a: tree_attention(*a[:-1], index=a[-1], impl="cpu"))(
         q, kc, vc, lengths, kt, vt, mask, jnp.int32(1))
     close(got, attention_ref.tree_attention(q, kc[1], vc[1], lengths, kt, vt, mask))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tree_attention_takes_keys_by_position_wherever_they_are_stored(dtype):
+    """A query over a path gives the same bits whether the keys before it sit in the cache (a
+    decode step) or in the tree block (a verify pass): the kernel sums by position. Each
+    query of a 6-node path against 300 committed slots, and again as one-node steps after
+    the path's first i nodes were committed (a float32 tree block written to a cache of the
+    same dtype), across a chunk edge."""
+    b, hq, kv, hd, s, used, n = 1, 6, 3, 64, 320, 254, 6
+    q, kt, vt = normal((b, n, hq, hd), 1), normal((b, n, kv, hd), 2, dtype), normal((b, n, kv, hd), 3, dtype)
+    kt, vt = kt.astype(jnp.float32), vt.astype(jnp.float32)  # values a cache of this dtype holds exactly
+    kc, vc = normal((1, b, s, kv, hd), 4, dtype), normal((1, b, s, kv, hd), 5, dtype)
+    run = jax.jit(lambda q, kc, vc, length, kt, vt, mask: tree_attention(
+        q, kc, vc, length, kt, vt, mask, index=0, impl="cpu"))
+    path = jnp.tril(jnp.ones((1, n, n), bool))
+    whole = run(q, kc, vc, jnp.array([used]), kt, vt, path)
+    for i in range(n):
+        kci = kc.at[0, :, used:used + i].set(kt[:, :i].astype(dtype))
+        vci = vc.at[0, :, used:used + i].set(vt[:, :i].astype(dtype))
+        step = run(q[:, i:i + 1], kci, vci, jnp.array([used + i]), kt[:, i:i + 1], vt[:, i:i + 1],
+                   jnp.ones((1, 1, 1), bool))
+        np.testing.assert_array_equal(step[:, 0], whole[:, i])
 
 
 def test_tree_attention_reads_only_used_slots():
@@ -233,7 +289,7 @@ def test_the_avx2_path_equals_the_reference_too(tmp_path):
     (`SPECJAX_CPU_KERNEL_FLAGS=-mno-avx512f`, a build of their own) pass the equality tests."""
     env = {**os.environ, "SPECJAX_CACHE": str(tmp_path), "SPECJAX_CPU_KERNEL_FLAGS": "-mno-avx512f"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "(equals_reference or panels or neighbours) and not avx2"],
+                           "(equals_reference or panels or neighbours or by_position) and not avx2"],
                           env=env, capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert done.returncode == 0, done.stdout[-3000:]
