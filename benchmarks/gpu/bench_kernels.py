@@ -33,30 +33,34 @@ from pallas_kernels.tree_attention import gpu as tree_gpu, reference as tree_ref
 def time_call(fn, *args, warmup: int, repeats: int, inner: int) -> float:
     """Median seconds per call of fn, timed as one compiled program of `inner` calls in a row, so
     that Python's dispatch (~40 us a call on an H200) is paid once per `inner` calls. Each call's
-    first input depends on the previous call's output (plus zero), so XLA can neither merge the
-    calls nor hoist them."""
+    first input depends on the previous call's whole output (its max, times zero), so XLA can
+    neither merge nor hoist the calls, nor compute only the elements read."""
     def chained(*args):
         acc = jnp.float32(0)
         for _ in range(inner):
             out = fn(args[0] + (acc * 0).astype(args[0].dtype), *args[1:])
-            acc = acc + jnp.ravel(jax.tree_util.tree_leaves(out)[0])[0].astype(jnp.float32)
+            acc = acc + jnp.max(jax.tree_util.tree_leaves(out)[0]).astype(jnp.float32)
         return acc
 
-    run = jax.jit(chained)
+    return _median_seconds(jax.jit(chained), args, warmup, repeats) / inner
+
+
+def _median_seconds(run, args, warmup: int, repeats: int) -> float:
     for _ in range(warmup + 1):
         jax.block_until_ready(run(*args))
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(run(*args))
-        samples.append((time.perf_counter() - start) / inner)
+        samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
 
 def hbm_bandwidth(nbytes: int, timing: dict) -> float:
-    """Measured bytes/s of an elementwise pass over `nbytes` (read + write)."""
+    """Measured bytes/s of an elementwise pass over `nbytes` (read + write), one call at a time
+    (a pass over 1 GiB takes far longer than its dispatch)."""
     x = jnp.ones((nbytes // 4,), jnp.float32)
-    seconds = time_call(jax.jit(lambda a: a * 2.0), x, **timing)
+    seconds = _median_seconds(jax.jit(lambda a: a * 2.0), (x,), timing["warmup"], timing["repeats"])
     return 2 * nbytes / seconds
 
 
