@@ -42,7 +42,7 @@ struct Partial {  // one task's online-softmax state for its `rows` queries
   float* acc;     // [rows, hd]
 };
 
-// One (row, kv head)'s keys and values by position (see the top of the file).
+// One batch row and kv head's keys and values by position (see the top of the file).
 template <typename T>
 struct Keys {
   const T *k_cache, *v_cache;     // slot s at s * stride
@@ -64,7 +64,7 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
     const int n = int(std::min<int64_t>(SB, p1 - s0));
     for (int r = 0; r < rows; ++r) {
       const int64_t node = r / keys.G, end = keys.used + keys.count[node];
-      const int32_t* seen = keys.seen + node * keys.M - keys.used;  // seen[pos]: pos >= used
+      const int32_t* seen = keys.seen + node * keys.M;  // position used + i: tree node seen[i]
       const float* qr = q + int64_t(r) * hd;
       // positions s0 + [0, in_cache) are cache slots, s0 + [in_cache, last) tree nodes
       const int last = int(std::clamp<int64_t>(end - s0, 0, n));
@@ -72,7 +72,7 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
       float block_max = NEG_INF;
       for (int j = 0; j < SB; ++j) scores[j] = NEG_INF;
       for (int j = 0; j < in_cache; ++j) scores[j] = dot(qr, keys.k_cache + (s0 + j) * keys.stride, hd);
-      for (int j = in_cache; j < last; ++j) scores[j] = dot(qr, keys.k_tree + seen[s0 + j] * keys.stride, hd);
+      for (int j = in_cache; j < last; ++j) scores[j] = dot(qr, keys.k_tree + seen[s0 + j - keys.used] * keys.stride, hd);
       for (int j = 0; j < last; ++j) block_max = std::max(block_max, scores[j]);
       if (block_max == NEG_INF) continue;
       const float new_max = std::max(out.max[r], block_max);
@@ -89,7 +89,7 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
       for (int d = 0; d < hd; d += VL) {
         vf a = load(acc + d) * alpha;
         for (int j = 0; j < in_cache; ++j) a += scores[j] * load_kv(keys.v_cache + (s0 + j) * keys.stride + d);
-        for (int j = in_cache; j < last; ++j) a += scores[j] * load(keys.v_tree + seen[s0 + j] * keys.stride + d);
+        for (int j = in_cache; j < last; ++j) a += scores[j] * load(keys.v_tree + seen[s0 + j - keys.used] * keys.stride + d);
         store(acc + d, a);
       }
     }
