@@ -13,11 +13,12 @@ from pallas_kernels import ffi
 from pallas_kernels.ffi.batching import inference_only
 from pallas_kernels.rms_norm import reference
 
-MAX_ROWS = 64  # decode and verify rows (as the matmul kernel's); beyond, XLA's fusion
+MAX_ELEMENTS = 64 * 8192  # a decode or verify step's rows (the matmul kernel's 64) of a wide model,
+# or of its query / key heads (a per-head norm); beyond, XLA's fusion (a prefill)
 
 
-def supports(rows: int) -> bool:
-    return rows <= MAX_ROWS and ffi.available()
+def supports(rows: int, d: int) -> bool:
+    return rows * d <= MAX_ELEMENTS and ffi.available()
 
 
 def _ffi(x, w, *, eps, offset):
@@ -37,5 +38,5 @@ def _kernel(eps: float, offset: float):
 
 
 def rms_norm(x, w, eps: float, offset: float = 0.0):
-    """As reference.rms_norm, in float32; x [M <= MAX_ROWS, D]."""
+    """As reference.rms_norm, in float32; x [M, D], M * D <= MAX_ELEMENTS."""
     return _kernel(float(eps), float(offset))(x, w)
