@@ -545,6 +545,17 @@ def test_shipped_eagle_head_drafts_dyspec_trees():
     assert out.stats.verifier == "RSD" and (out.num_tokens == 8).all()
 
 
+def test_a_head_folder_not_built_yet_does_not_hide_the_built_ones(tmp_path, monkeypatch):
+    """An asset folder without its head.json (a partial checkout, a build under way) sorted
+    before tiny's: the head shipped for tiny is still found."""
+    from specjax.convert import heads as ckpt
+
+    (tmp_path / "tiny-eagle").symlink_to(ckpt.shipped_heads("eagle")["tiny"])
+    (tmp_path / "aaa-eagle").mkdir()
+    monkeypatch.setattr(ckpt, "ASSETS", tmp_path)
+    assert ckpt.shipped_target(sj.load("tiny").config, "eagle") == "tiny"
+
+
 def test_shipped_heads_are_found_by_the_target_they_were_trained_for(target, tmp_path):
     """A head records its target's shape; the named eagle takes the head shipped for that shape
     (tiny's for tiny) and names the shape when none is shipped; a saved head keeps the record."""

@@ -131,7 +131,8 @@ def shipped_target(config, kind: str) -> str:
     """The name of the shipped target whose `kind` head was trained for a target of this shape."""
     want = target_signature(config)
     for name, folder in shipped_heads(kind).items():
-        if json.loads((folder / HEAD_JSON).read_text()).get("target") == want:
+        meta = folder / HEAD_JSON  # a folder without it is not built (resolve_head says so)
+        if meta.is_file() and json.loads(meta.read_text()).get("target") == want:
             return name
     raise ValueError(f"no {kind} head is shipped for this target ({want})")
 
