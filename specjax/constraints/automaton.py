@@ -28,10 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.constraints.base import Constraint
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree, row_gather
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TokenAutomaton(Constraint):
     """A compiled constraint (a pytree: arrays are leaves, sizes static). Build with

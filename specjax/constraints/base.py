@@ -20,6 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree
 
 
@@ -60,7 +61,7 @@ class Constraint:
         return jnp.zeros((batch, n), jnp.int32), jnp.zeros((batch,), jnp.int32), self
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Unconstrained(Constraint):
     """No constraint: the default of every decode."""

@@ -24,10 +24,11 @@ import numpy as np
 from specjax.constraints import matchers
 from specjax.constraints.automaton import TokenAutomaton
 from specjax.constraints.base import Constraint
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree, row_gather
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Places:
     """Where each selected node of each row stands in the grammar: masks uint32[B, n, W] (bit t of
@@ -41,7 +42,7 @@ class Places:
     depth: jax.Array | None = None
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Grammar(Constraint):
     """A compiled grammar (JSON schema, regex or Lark), one per row or one for all. Build with

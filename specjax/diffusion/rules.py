@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from specjax.pytrees import register_dataclass
+
 NEG_INF = -jnp.inf
 
 
@@ -75,7 +77,7 @@ def _pytree(cls):
     field static, so a rule passes through jit as an argument."""
     fields = [f.name for f in dataclasses.fields(cls)]
     data = [n for n in fields if n == "params"]
-    return jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=[n for n in fields if n not in data])
+    return register_dataclass(cls, data_fields=data, meta_fields=[n for n in fields if n not in data])
 
 
 class Rule:

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import Context, Drafter
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree
 from specjax.tree.budget import best_subtree
 
@@ -81,7 +82,7 @@ def empty_table(size: int, top: int) -> TrigramTable:
                         jnp.full((size, top), -1, jnp.int32), jnp.zeros((size, top), jnp.int32))
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ADED(Drafter):
     """A tree of up to `num_nodes` nodes searched over a hashed tri-gram table (`table_size`

@@ -29,6 +29,7 @@ import numpy as np
 from specjax import verify
 from specjax.constraints.base import Constraint, Unconstrained
 from specjax.models import ForwardOutput, Injection, KVCache, Model
+from specjax.pytrees import register_dataclass
 from specjax.sampling import SamplingParams
 from specjax.tree import DraftTree, Verdict, row_gather
 
@@ -136,7 +137,7 @@ class Drafter:
         return state
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: the tree is the root alone."""

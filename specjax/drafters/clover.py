@@ -26,11 +26,12 @@ from specjax.heads import clover as clover_head
 from specjax.heads import vocab
 from specjax.heads.clover import CloverConfig
 from specjax.models import Model, float_lm_head
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree, Template, row_gather
 from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Clover(Drafter):
     """A Clover head drafting a static sparse tree of `tree_size` nodes from `accuracy`

@@ -39,6 +39,7 @@ from specjax import sampling, verify
 from specjax.drafters.base import Context, Drafter
 from specjax.models import KVCache, Model, forward
 from specjax.models.target import fill
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree, Template, growth
 
 MODES = ("chain", "iid", "gumbel", "beam", "topk", "dyspec")
@@ -48,7 +49,7 @@ class DraftModelState(NamedTuple):
     cache: KVCache  # the draft's own KV cache, committed up to the target's length
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DraftModel(Drafter):
     """Draft with `draft` (a Model with the target's vocabulary).

@@ -37,6 +37,7 @@ from specjax.drafters.blocks import self_draft
 from specjax.drafters.base import Context
 from specjax.models import Model, ModelConfig, lm_head
 from specjax.models.layer_skip import exit_logits
+from specjax.pytrees import register_dataclass
 
 
 def spread_exits(num_layers: int, count: int = 4) -> tuple[int, ...]:
@@ -58,7 +59,7 @@ class DELState(NamedTuple):
     alpha: jax.Array  # float32[B, len(exits)]: tracked agreement of each exit with the target
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DEL(self_draft.SelfDrafter):
     """DEL over the candidate exit layers `exits` (layer counts in 1..L-1; see spread_exits)."""

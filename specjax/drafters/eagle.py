@@ -24,12 +24,13 @@ from specjax.drafters.blocks import feature_cache
 from specjax.heads import eagle as eagle_head
 from specjax.heads.eagle import EagleConfig
 from specjax.models import Model, float_lm_head
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree, growth, row_gather
 
 TREES = ("topk", "dyspec")
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Eagle(Drafter):
     """An EAGLE-1 or EAGLE-3 head (see `specjax.heads.eagle`) drafting EAGLE-2's dynamic tree:

@@ -21,10 +21,11 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import Context, Drafter, NoDrafter
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Forced(Drafter):
     """Drafts the constraint's forced text (certain or predicted tokens), then `inner`'s tree

@@ -27,6 +27,7 @@ import numpy as np
 
 from specjax import sampling, verify
 from specjax.drafters.base import Context, Drafter
+from specjax.pytrees import register_dataclass
 from specjax.tree import chain
 
 
@@ -35,7 +36,7 @@ class JacobiState(NamedTuple):
     known: jax.Array  # int32[B]: how many of them the target gave (the rest: filler)
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SpeculativeJacobi(Drafter):
     """SJD with a Jacobi window of `window` guessed tokens. State: a JacobiState."""

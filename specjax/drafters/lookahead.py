@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import Context, Drafter
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree
 
 
@@ -72,7 +73,7 @@ class LookaheadState(NamedTuple):
     prompt_len: jax.Array  # int32[B]
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Lookahead(Drafter):
     """Trie retrieval drafter: up to `decoding_length` draft nodes, at most `branch_length` deep,

@@ -18,6 +18,7 @@ from specjax.drafters.blocks import feature_cache
 from specjax.heads import medusa as medusa_head
 from specjax.heads import vocab
 from specjax.models import Model, float_lm_head
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree, Template, row_gather
 from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
 
@@ -26,7 +27,7 @@ class MedusaState(NamedTuple):
     hidden: jax.Array  # float32[B, E]: the target's final normed hidden of the last accepted token
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Medusa(Drafter):
     """Medusa heads (see `specjax.heads.medusa`) drafting a static sparse tree of `tree_size`

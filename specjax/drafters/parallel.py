@@ -28,6 +28,7 @@ from specjax.heads import hidden_transfer as ht_head
 from specjax.heads import ppd as ppd_head
 from specjax.heads.guesses import GuessLayout, allocate
 from specjax.models import Model
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree, Template
 from specjax.tree.sparse import checked_accuracy, geometric_prior, sparse_tree
 
@@ -147,7 +148,7 @@ class GuessDrafter(Drafter):
         return cls(params, **{**stored, **settings})
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PPD(GuessDrafter):
     """Parallel Prompt Decoding: trained prompt tokens (see `specjax.heads.ppd`) appended to
@@ -160,7 +161,7 @@ class PPD(GuessDrafter):
         return Guesses(count, members, 0, functools.partial(ppd_head.make, self.params))
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class HiddenTransfer(GuessDrafter):
     """Hidden Transfer: pseudo hidden states made at `transfer_layer` from each node's state

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import Context, Drafter
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PromptLookup(Drafter):
     """Prompt lookup decoding with n-grams of `min_ngram..max_ngram` tokens."""

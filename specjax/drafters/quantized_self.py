@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import Context, EmptyState
 from specjax.drafters.blocks import self_draft
 from specjax.models import Model
+from specjax.pytrees import register_dataclass
 from specjax.quantize import is_quantized, quantize
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class QuantizedSelf(self_draft.SelfDrafter):
     """Draft with `draft`, the target quantized (build it with `QuantizedSelf.of`): chains of up

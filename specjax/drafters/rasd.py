@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from specjax.drafters.base import Context, Drafter
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.drafters.sam import SAM
+from specjax.pytrees import register_dataclass
 from specjax.tree.budget import best_subtree
 
 
@@ -33,7 +34,7 @@ class RASDState(NamedTuple):
     retrieval: Any  # the retrieval drafter's state
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class RASD(Drafter):
     """`retrieval`'s chain fused into `model`'s tree, `budget` nodes at most (the root included)."""

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import Context, Drafter
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree
 from specjax.tree.template import as_spec, parse, rank_paths_from_fanout
 
@@ -59,7 +60,7 @@ class RecyclingState(NamedTuple):
     adj: jax.Array  # int32[B, V, topk]: each token's successors, as the target last ranked them
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TokenRecycling(Drafter):
     """Token Recycling with the top-`topk` successors per token (default: the ranks the

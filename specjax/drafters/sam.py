@@ -34,6 +34,7 @@ import numpy as np
 
 from specjax.drafters.blocks import suffix_automaton as sa
 from specjax.drafters.base import Context, Drafter
+from specjax.pytrees import register_dataclass
 from specjax.tree import DraftTree
 
 
@@ -57,7 +58,7 @@ class SAMState(NamedTuple):
     fallback: Any
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SAM(Drafter):
     """SAM-Decoding: a chain of `t` tokens where the longest suffix match is >= `m`, for the

@@ -35,6 +35,7 @@ from specjax.drafters.blocks import self_draft
 from specjax.drafters.base import Context
 from specjax.models import Model, lm_head
 from specjax.models.layer_skip import empty_block, skip_forward
+from specjax.pytrees import register_dataclass
 
 
 class SwiftState(NamedTuple):
@@ -44,7 +45,7 @@ class SwiftState(NamedTuple):
     prompt_len: jax.Array  # int32[B]
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Swift(self_draft.SelfDrafter):
     """SWIFT self-speculation; see the module docstring for the settings."""

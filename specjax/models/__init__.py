@@ -11,9 +11,10 @@ from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScalin
 from specjax.models.llama import ForwardOutput, Injection, float_lm_head, forward, lm_head, lm_head_weight
 from specjax.models.params import init_params, param_shapes
 from specjax.models.target import Target, TargetConfig
+from specjax.pytrees import register_dataclass
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Model:
     """A model: static `config` plus the `params` pytree. A pytree itself (config is static),

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.pytrees import register_dataclass
 from specjax.tree.gather import row_gather
 from specjax.tree.template import depths
 
@@ -53,7 +54,7 @@ class Verdict(NamedTuple):
         return jnp.where(j < a, drafted, jnp.where(j == a, self.next_token[:, None], -1))
 
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DraftTree:
     """A batch of draft trees (a pytree; `max_depth` is static). Build with `DraftTree.build`.
