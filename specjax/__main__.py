@@ -282,8 +282,9 @@ def _prompt_ids(args, tokenizer, chat: bool) -> list[int]:
     try:
         ids = (tokenizer.chat(messages + [{"role": "user", "content": args.prompt}]) if chat
                else tokenizer.encode(args.prompt))
-    except Exception as e:  # the template raised (e.g. a role it does not accept)
-        raise UsageError(f"cannot apply the chat template: {e}") from None
+    except Exception as e:  # the template (e.g. a role it does not accept) or the tokenizer raised
+        hint = " (a word outside the model's vocabulary, which has no unknown token)" if "[UNK]" in str(e) else ""
+        raise UsageError(f"cannot tokenize the prompt{' with the chat template' if chat else ''}: {e}{hint}") from None
     if not ids:
         raise UsageError("--prompt is empty after tokenization")
     return ids

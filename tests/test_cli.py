@@ -146,6 +146,12 @@ def test_chat_flags_need_a_chat_template(capsys):
     assert "--system needs --chat" in err
 
 
+def test_a_prompt_outside_the_vocabulary_is_one_line(capsys):
+    # the task dLLM's word-level vocabulary has no unknown token
+    _, err = one_line_error(capsys, ["generate", "--model", "tiny-dllm-tasks", "--prompt", "hello there"])
+    assert "cannot tokenize the prompt" in err and "outside the model's vocabulary" in err
+
+
 def test_ctrl_c_while_streaming_prints_what_came_and_exits_130():
     import os
     import signal
