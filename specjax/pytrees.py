@@ -2,8 +2,8 @@
 
 jaxlib 0.10's `jax.tree_util.register_dataclass` nodes of two classes compare equal when their
 static fields do (their hashes differ), so a cache keyed by a pytree's structure can hand one
-class the program compiled for another: through one `jax.jit`, 400 one-field classes with equal
-fields ran another class's program 61 times (tests/test_pytrees.py). Two of the dLLM rules,
+class the program compiled for another: through one `jax.jit`, 200 one-field classes with equal
+fields ran another class's program 33 times (tests/test_pytrees.py). Two of the dLLM rules,
 `TopK(1)` and `Factor(1.0)`, were such a pair. `register_dataclass` here keeps jax's interface
 and fields but registers a custom node, whose equality includes the class.
 """
