@@ -271,6 +271,20 @@ def test_no_compiler_is_one_warning_and_xla_runs(tmp_path):
     assert "no C++ compiler found" in done.stdout and "XLA's code runs instead" in done.stdout
 
 
+def test_an_installed_package_carries_the_kernel_sources():
+    """A wheel (not an editable install) must ship what the first use compiles."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(ffi.__file__).resolve().parent.parent
+    config = tomllib.loads((root.parent / "pyproject.toml").read_text())
+    patterns = config["tool"]["setuptools"]["package-data"]["pallas_kernels"]
+    sources = [p.relative_to(root).as_posix() for p in (*ffi.SOURCES, *ffi.HEADERS)]
+    assert len(ffi.SOURCES) == len(ffi.TARGETS) and ffi.HEADERS
+    assert all(any(fnmatch.fnmatch(s, p) for p in patterns) for s in sources), (sources, patterns)
+
+
 def test_build_is_cached_and_a_killed_build_is_cleaned(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
     folder = tmp_path / "kernels"
