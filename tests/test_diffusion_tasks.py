@@ -26,20 +26,15 @@ def _canvas(examples):
     return dd.make_canvas([pb.encode(e)[0] for e in examples], pb.GEN_LENGTH, pb.MASK_ID, pb.PAD_ID)
 
 
-def _accuracy(examples, out):
-    """The share of `examples` whose decoded answer passes ParallelBench's check."""
-    return np.mean([pb.check(e, pb.decode(t)) for e, t in zip(examples, out.tokens)])
-
-
 def test_the_shipped_model_answers_the_deterministic_tasks_one_token_per_forward(model):
     rng = np.random.default_rng(10)
     examples = [pb.sample(task, rng) for task in pb.DETERMINISTIC for _ in range(8)]
     static = lambda exs: dd.generate(model, _canvas(exs), gen_length=pb.GEN_LENGTH, blocks=8, rule=dd.TopK(1))
-    assert _accuracy(examples, static(examples)) >= 0.95  # measured: 1.0 (the bench: 0.998 over 576)
+    assert pb.accuracy(examples, static(examples).tokens) >= 0.95  # measured: 1.0 (the bench: 0.998 over 576)
     # negative control: the same lists asked to be copied instead of reversed are scored wrong
     reverse = [e for e in examples if e.task == "reverse" and e.answer != e.answer[::-1]]
     as_copy = [pb.Example(e.task, ("copy",) + e.prompt[1:], e.answer) for e in reverse]
-    assert _accuracy(reverse, static(as_copy)) <= 0.2
+    assert pb.accuracy(reverse, static(as_copy).tokens) <= 0.2
 
 
 def test_freedave_is_static_decoding_on_every_task_in_fewer_forwards(model):
@@ -56,7 +51,7 @@ def test_the_dependency_fixture_separates_sequential_from_parallel_decoding(mode
     rng = np.random.default_rng(12)
     examples = [pb.sample("pair", rng) for _ in range(256)]
     canvas = _canvas(examples)
-    valid = lambda out: _accuracy(examples, out)
+    valid = lambda out: pb.accuracy(examples, out.tokens)
     run = lambda rule, **kw: dd.generate(model, canvas, gen_length=pb.GEN_LENGTH, blocks=2, rule=rule, **kw)
     key = jax.random.PRNGKey(0)
     # drawing both digits in one forward, each from its marginal, is valid with the probability the

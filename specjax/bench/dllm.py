@@ -151,7 +151,7 @@ def measure(prep: Prepared, progress: bool = True) -> tuple[list[dict], list[dic
             for cache in sampler.caches:
                 tokens, nfe, seconds = _run(prep, sampler, batches, cache, warmed=warmed)
                 row = {"task": task, "sampler": name, "cache": cache, "block": block_of(prep, sampler),
-                       "examples": len(exs), "accuracy": _accuracy(exs, tokens),
+                       "examples": len(exs), "accuracy": pb.accuracy(exs, tokens),
                        "nfe_mean": float(nfe.mean()), "nfe_total": int(nfe.sum()), "answer_tokens": answer_tokens,
                        "tokens_per_forward": len(exs) * pb.GEN_LENGTH / nfe.sum(),
                        "answer_tokens_per_forward": answer_tokens / nfe.sum(), "seconds": seconds,
@@ -172,10 +172,6 @@ def measure(prep: Prepared, progress: bool = True) -> tuple[list[dict], list[dic
     return rows, closed
 
 
-def _accuracy(exs, tokens) -> float:
-    return float(np.mean([pb.check(e, pb.decode(t)) for e, t in zip(exs, tokens)]))
-
-
 def _closed_form(prep, task, exs, batches, rows, warmed) -> list[dict]:
     """Per k: the closed form averaged over the examples' answer lengths n, TopK(k) sampled at
     temperature 1 (with its standard error) and greedy (from the rows, when that sampler ran)."""
@@ -184,7 +180,7 @@ def _closed_form(prep, task, exs, batches, rows, warmed) -> list[dict]:
     for k in CLOSED_FORM_K:
         tokens, nfe, _ = _run(prep, Sampler("sampled", TopK(k)), batches, temperature=1.0,
                               seed=prep.cfg.seed + 1000 * k, warmed=warmed)
-        sampled = _accuracy(exs, tokens)
+        sampled = pb.accuracy(exs, tokens)
         n = [len(e.answer) for e in exs]
         out.append({"task": task, "k": k, "n_mean": float(np.mean(n)), "n": n,
                     "closed_form": float(np.mean([pb.closed_form_accuracy(task, m, k) for m in n])),

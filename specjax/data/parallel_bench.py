@@ -222,6 +222,11 @@ def decode(ids: Sequence[int]) -> tuple[str, ...]:
     return tuple(tokens)
 
 
+def accuracy(examples: Sequence[Example], outputs) -> float:
+    """The share of `examples` whose generated ids (one row of `outputs` each) pass `check`."""
+    return float(sum(check(e, decode(ids)) for e, ids in zip(examples, outputs)) / len(examples))
+
+
 def closed_form_accuracy(task: str, n: int, k: int, *, distinct_from_input: bool = True) -> float:
     """Accuracy of a perfect model on `task` over a list of `n` distinct names when it commits `k`
     of the list's positions per step, each sampled independently from its exact conditional marginal
