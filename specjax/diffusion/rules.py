@@ -75,9 +75,7 @@ def _best_and(eligible, score, extra):
 def _pytree(cls):
     """Register a rule as a pytree: its arrays (Learn2PD's `params`) are leaves, every other
     field static, so a rule passes through jit as an argument."""
-    fields = [f.name for f in dataclasses.fields(cls)]
-    data = [n for n in fields if n == "params"]
-    return register_dataclass(cls, data_fields=data, meta_fields=[n for n in fields if n not in data])
+    return register_dataclass(cls, data_fields=[f.name for f in dataclasses.fields(cls) if f.name == "params"])
 
 
 class Rule:
