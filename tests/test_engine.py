@@ -217,9 +217,10 @@ def test_a_tree_is_verified_at_the_smallest_size_that_holds_it(target):
 
     from specjax import engine
     from specjax.models import KVCache, forward
+    from specjax.pytrees import register_dataclass
     from specjax.tree import chain
 
-    @jax.tree_util.register_dataclass
+    @register_dataclass  # jax's own would give it PromptLookup's structure (specjax/pytrees.py)
     @dataclasses.dataclass(frozen=True)
     class Sized(PromptLookup):
         tree_sizes = (1, 3, 5)

@@ -16,6 +16,7 @@ import pytest
 import specjax as sj
 from specjax.drafters import DraftModel, PromptLookup
 from specjax.models import ForwardOutput, KVCache, ModelConfig, Target
+from specjax.pytrees import register_dataclass
 
 nnx = pytest.importorskip("flax.nnx")
 
@@ -86,7 +87,7 @@ class Llama(nnx.Module):
 
 # ---- the protocol, implemented for it ----------------------------------------------------------
 
-@jax.tree_util.register_dataclass
+@register_dataclass
 @dataclasses.dataclass(frozen=True)
 class FlaxTarget:
     """A Flax NNX module as a specjax Target: its state the pytree's leaves, its graph and
