@@ -15,14 +15,14 @@ def quantized_matmul(x, qw: QuantizedWeight, *, index=None, act_bits: int | None
     the CPU kernel reads it in place, other implementations slice it first.
 
     Runs the CPU, GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
-    `interpret`; the CPU kernel for up to cpu.MAX_ROWS rows, weight-only), the reference
+    `interpret`; the CPU kernel for up to cpu.MAX_ROWS rows), the reference
     elsewhere or for shapes a kernel does not tile.
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
     impl = pick_impl(impl, interpret)
     if impl == "cpu" and cpu.supports(x, qw, act_bits):
         reference.check_inputs(x, qw if index is None else qw.layer(0), act_bits)
-        return cpu.quantized_matmul(x, qw, index).astype(out_dtype)
+        return cpu.quantized_matmul(x, qw, index, act_bits).astype(out_dtype)
     if index is not None:
         qw = qw.layer(index)
     reference.check_inputs(x, qw, act_bits)

@@ -5,7 +5,12 @@
 // plane 1's row r (high nibble), plane p being rows [p K/P, (p+1) K/P); scales [L, P, K/(P g), N].
 // With a tile t the columns come in panels of t, data [L, N/t, K/P, t] and scales
 // [L, N/t, P, K/(P g), t]: a panel is one contiguous read, and a thread takes whole panels.
+//
+// specjax_quant_matmul_a8 is the same product with int8 activations (W8A8 / W4A8, the
+// reference's act_bits=8): each row of x rounded to int8 with one scale, the products of a group
+// summed exactly in int32 (AVX-512 VNNI where the host has it), then scaled per group in float.
 #include <type_traits>
+#include <vector>
 
 #include "pallas_kernels/ffi/cpu_common.h"
 
@@ -192,9 +197,247 @@ ffi::Error QuantMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   return ffi::Error::Success();
 }
 
+// ---- int8 activations -----------------------------------------------------------------------------
+
+// x [M, K] rounded per row as the reference rounds it (scale = max|x| / 127, round half to even,
+// clip to +-127), with each group's sum of the rounded values (for the weights' offset, below).
+struct Rows8 {
+  std::vector<int8_t> q;      // [M, K]
+  std::vector<float> scale;   // [M]
+  std::vector<int32_t> sums;  // [M, K / group]
+};
+
+// Round one row (the vector loop and its scalar tail round alike: adding and taking off 1.5 * 2^23
+// rounds |v| <= 127 to the nearest integer, ties to even, as the reference's jnp.round).
+void round_row(const float* row, int64_t K, int64_t group, int8_t* q, float* scale, int32_t* sums) {
+  vf vmax = vf{};
+  int64_t k = 0;
+  for (; k + VL <= K; k += VL) {
+    vf v = load(row + k);
+    v = v < 0 ? -v : v;
+    vmax = vmax > v ? vmax : v;
+  }
+  float amax = 0.f;
+  for (int i = 0; i < VL; ++i) amax = std::max(amax, vmax[i]);
+  for (; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
+  *scale = amax / 127.f;
+  const float safe = *scale == 0.f ? 1.f : *scale, magic = 12582912.f;
+  for (k = 0; k + VL <= K; k += VL) {
+    vf v = load(row + k) / safe;
+    v = v < -127.f ? splat(-127.f) : v;
+    v = v > 127.f ? splat(127.f) : v;
+    vi r = __builtin_convertvector((v + magic) - magic, vi);
+    for (int i = 0; i < VL; ++i) q[k + i] = int8_t(r[i]);
+  }
+  for (; k < K; ++k) {
+    const float v = std::min(127.f, std::max(-127.f, row[k] / safe));
+    q[k] = int8_t((v + magic) - magic);
+  }
+  for (int64_t g = 0; g < K / group; ++g) {
+    int32_t s = 0;
+    for (int64_t i = g * group; i < (g + 1) * group; ++i) s += q[i];
+    sums[g] = s;
+  }
+}
+
+Rows8 round_rows(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, int64_t group) {
+  Rows8 r{std::vector<int8_t>(M * K), std::vector<float>(M), std::vector<int32_t>(M * (K / group))};
+  parallel_for(pool, M, [&](int64_t m) {
+    round_row(x + m * K, K, group, &r.q[m * K], &r.scale[m], &r.sums[m * (K / group)]);
+  });
+  return r;
+}
+
+constexpr int A8_COLS = 64;  // a column block: 4 vectors of 16 int32 (AVX-512) / 64 scalars
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// vpdpbusd multiplies unsigned by signed bytes, four at a time into each int32 lane: the weights
+// go in as unsigned (int8 + 128, int4 + 8: a flip of the sign bits) and the offset times the
+// group's sum of x comes off after. Four rows of 64 weight bytes are transposed so that each
+// int32 lane holds one column's 4 rows; lane (c, d) of vector j (128-bit chunk c, dword d) is then
+// column 16 c + 4 j + d of the block, and the scales and outputs move the same way (a transpose
+// of 128-bit chunks, which is its own inverse).
+constexpr int A8_MR = 4;
+
+inline void chunk_transpose(__m512 (&v)[4]) {
+  const __m512 a = _mm512_shuffle_f32x4(v[0], v[1], 0x44), b = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
+  const __m512 c = _mm512_shuffle_f32x4(v[2], v[3], 0x44), d = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+  v[0] = _mm512_shuffle_f32x4(a, c, 0x88);
+  v[1] = _mm512_shuffle_f32x4(a, c, 0xDD);
+  v[2] = _mm512_shuffle_f32x4(b, d, 0x88);
+  v[3] = _mm512_shuffle_f32x4(b, d, 0xDD);
+}
+
+// The P planes' unsigned weights of rows [r, r + 4) (each plane's own rows r..r+3) of the block at q.
+template <int P>
+inline void quad(const int8_t* q, int64_t stride, __m512i (&out)[P][4]) {
+  const __m512i r0 = _mm512_loadu_si512(q), r1 = _mm512_loadu_si512(q + stride);
+  const __m512i r2 = _mm512_loadu_si512(q + 2 * stride), r3 = _mm512_loadu_si512(q + 3 * stride);
+  const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
+  const __m512i c = _mm512_unpacklo_epi8(r2, r3), d = _mm512_unpackhi_epi8(r2, r3);
+  const __m512i t[4] = {_mm512_unpacklo_epi16(a, c), _mm512_unpackhi_epi16(a, c),
+                        _mm512_unpacklo_epi16(b, d), _mm512_unpackhi_epi16(b, d)};
+  const __m512i flip = _mm512_set1_epi8(P == 1 ? char(0x80) : char(0x88)), low = _mm512_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i u = _mm512_xor_si512(t[j], flip);
+    if constexpr (P == 1) {
+      out[0][j] = u;
+    } else {
+      out[0][j] = _mm512_and_si512(u, low);
+      out[1][j] = _mm512_and_si512(_mm512_srli_epi16(u, 4), low);
+    }
+  }
+}
+
+struct A8Block {  // one column block's group: where its weights, scales and activations are
+  const Rows8& x;
+  int64_t K, rows, groups, g, group, offset;
+  float* acc;  // [M, 64] float sums so far, columns in the transposed order
+};
+
+// rows [m0, m0 + R): acc += x's group g times the weights (int32 sums, then scaled per plane)
+template <int R, int P, typename Weights>
+inline void a8_rows(const A8Block& b, int64_t m0, const __m512 (&scale)[P][4], Weights weights) {
+  __m512i sum[P][R][4];
+  for (int p = 0; p < P; ++p)
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < 4; ++j) sum[p][i][j] = _mm512_setzero_si512();
+  for (int64_t qd = 0; qd < b.group / 4; ++qd) {
+    __m512i w[P][4];
+    weights(qd, w);
+    for (int p = 0; p < P; ++p)
+      for (int i = 0; i < R; ++i) {
+        int32_t xq;
+        std::memcpy(&xq, &b.x.q[(m0 + i) * b.K + p * b.rows + b.g * b.group + 4 * qd], 4);
+        const __m512i xv = _mm512_set1_epi32(xq);
+        for (int j = 0; j < 4; ++j) sum[p][i][j] = _mm512_dpbusd_epi32(sum[p][i][j], w[p][j], xv);
+      }
+  }
+  for (int i = 0; i < R; ++i) {
+    float* acc = b.acc + (m0 + i) * A8_COLS;
+    for (int p = 0; p < P; ++p) {  // plane 0 then 1, in every path: the same float sums
+      const __m512i off = _mm512_set1_epi32(b.offset * b.x.sums[(m0 + i) * (b.K / b.group) + p * b.groups + b.g]);
+      for (int j = 0; j < 4; ++j) {
+        const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[p][i][j], off));
+        _mm512_storeu_ps(acc + 16 * j, _mm512_fmadd_ps(s, scale[p][j], _mm512_loadu_ps(acc + 16 * j)));
+      }
+    }
+  }
+}
+
+template <int P>
+void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0) {
+  const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride();
+  static thread_local std::vector<float> acc;
+  acc.assign(M * A8_COLS, 0.f);
+  alignas(64) static thread_local __m512i buffer[MAX_GROUP / 4][P][4];
+  const int8_t* data = w.data_at(n0);
+  const float* scales = w.scales_at(n0);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 scale[P][4];
+    for (int p = 0; p < P; ++p) {
+      for (int j = 0; j < 4; ++j) scale[p][j] = _mm512_loadu_ps(scales + (p * groups + g) * stride + 16 * j);
+      chunk_transpose(scale[p]);
+    }
+    const A8Block b{x, w.K, rows, groups, g, w.group, P == 1 ? 128 : 8, acc.data()};
+    const int8_t* q = data + g * w.group * stride;
+    auto converted = [&](int64_t qd, __m512i (&out)[P][4]) { quad<P>(q + 4 * qd * stride, stride, out); };
+    if (M <= 2 / P) {  // one register block: straight from the converted vectors
+      with_rows<2>(M, [&](auto r) { a8_rows<decltype(r)::value, P>(b, 0, scale, converted); });
+      continue;
+    }
+    // more rows: the group is converted once into a buffer that stays in L1
+    for (int64_t qd = 0; qd < w.group / 4; ++qd) quad<P>(q + 4 * qd * stride, stride, buffer[qd]);
+    auto buffered = [&](int64_t qd, __m512i (&out)[P][4]) {
+      for (int p = 0; p < P; ++p)
+        for (int j = 0; j < 4; ++j) out[p][j] = buffer[qd][p][j];
+    };
+    const int64_t whole = M - M % (A8_MR / P);
+    for (int64_t m0 = 0; m0 < whole; m0 += A8_MR / P) a8_rows<A8_MR / P, P>(b, m0, scale, buffered);
+    with_rows<A8_MR / P>(M - whole, [&](auto r) { a8_rows<decltype(r)::value, P>(b, whole, scale, buffered); });
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    __m512 v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_ps(acc.data() + m * A8_COLS + 16 * j);
+    chunk_transpose(v);
+    const __m512 s = _mm512_set1_ps(x.scale[m]);
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + m * w.N + n0 + 16 * j, _mm512_mul_ps(v[j], s));
+  }
+}
+#else
+// Portable: the same sums, a column at a time.
+template <int P>
+void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0) {
+  const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride();
+  const int8_t* data = w.data_at(n0);
+  const float* scales = w.scales_at(n0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int c = 0; c < A8_COLS; ++c) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < groups; ++g)
+        for (int p = 0; p < P; ++p) {
+          int32_t sum = 0;
+          for (int64_t r = g * w.group; r < (g + 1) * w.group; ++r) {
+            const int32_t b = data[r * stride + c];
+            const int32_t wq = P == 1 ? b : (p == 0 ? (b << 28) >> 28 : b >> 4);
+            sum += wq * x.q[m * w.K + p * rows + r];
+          }
+          acc += float(sum) * scales[(p * groups + g) * stride + c];
+        }
+      y[m * w.N + n0 + c] = acc * x.scale[m];
+    }
+}
+#endif
+
+ffi::Error QuantMatmulA8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> data,
+                         ffi::Buffer<ffi::F32> scales, ffi::Buffer<ffi::S32> index,
+                         ffi::ResultBuffer<ffi::F32> y, int64_t bits, int64_t group_size, int64_t tile) {
+  auto xd = x.dimensions(), dd = data.dimensions(), sd = scales.dimensions();
+  const int64_t pack = 8 / bits, panel_axes = tile ? 1 : 0;
+  if (xd.size() != 2 || dd.size() != 3 + panel_axes || sd.size() != 4 + panel_axes ||
+      (bits != 8 && bits != 4) || (tile && tile % A8_COLS) || group_size > MAX_GROUP || group_size % 4)
+    return ffi::Error::InvalidArgument(
+        "quant_matmul_a8: x [M, K], data [L, K/P, N], scales [L, P, G, N] (or their panels of a "
+        "tile that is a multiple of 64)");
+  const int64_t M = xd[0], K = xd[1], L = dd[0], N = tile ? dd[1] * tile : dd[2];
+  const int64_t d1 = dd[1 + panel_axes], s1 = sd[1 + panel_axes], s2 = sd[2 + panel_axes];
+  const bool panels_agree = tile ? dd[3] == tile && sd[4] == tile && sd[1] == dd[1] : sd[3] == N;
+  if (d1 * pack != K || s1 != pack || s2 * group_size * pack != K || !panels_agree)
+    return ffi::Error::InvalidArgument("quant_matmul_a8: shapes of x, data and scales disagree");
+  const int64_t layer = std::clamp<int64_t>(index.typed_data()[0], 0, L - 1);
+  const Weight w{data.typed_data() + layer * d1 * N, scales.typed_data() + layer * s1 * s2 * N,
+                 K, N, group_size, pack, tile};
+  const Rows8 xr = round_rows(pool, x.typed_data(), M, K, group_size);
+  float* yp = y->typed_data();
+  const int64_t blocks = N / A8_COLS;
+  parallel_for(pool, blocks, [&](int64_t u) {
+    if (pack == 1) a8_columns<1>(xr, w, yp, M, u * A8_COLS);
+    else a8_columns<2>(xr, w, yp, M, u * A8_COLS);
+  });
+  for (int64_t m = 0; m < M; ++m)  // columns past the last whole block (row-major layout only)
+    for (int64_t n = blocks * A8_COLS; n < N; ++n) {
+      float s = 0.f;
+      for (int64_t k = 0; k < K; ++k) s += float(xr.q[m * K + k]) * weight_at(w, k, n);
+      yp[m * N + n] = s * xr.scale[m];
+    }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_quant_matmul, QuantMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("bits")
+                                  .Attr<int64_t>("group_size")
+                                  .Attr<int64_t>("tile"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_quant_matmul_a8, QuantMatmulA8,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

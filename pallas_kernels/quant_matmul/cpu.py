@@ -1,5 +1,6 @@
-"""The CPU kernel (cpu.cc through the XLA FFI): int8 / int4 weights read once for all M rows,
-converted and scaled in registers, never expanded to float in memory."""
+"""The CPU kernels (cpu.cc through the XLA FFI): int8 / int4 weights read once for all M rows,
+converted and scaled in registers, never expanded to float in memory; with act_bits=8 the rows
+rounded to int8 and multiplied in integers (AVX-512 VNNI where the host has it)."""
 
 from __future__ import annotations
 
@@ -23,31 +24,36 @@ def preferred_layout(qw: QuantizedWeight) -> QuantizedWeight:
 
 
 def supports(x, qw: QuantizedWeight, act_bits) -> bool:
-    return act_bits is None and x.shape[0] <= MAX_ROWS and ffi.available()
+    return act_bits in (None, 8) and x.shape[0] <= MAX_ROWS and ffi.available()
 
 
-def _ffi(x, qw: QuantizedWeight, index):
+def _ffi(x, qw: QuantizedWeight, index, act_bits=None):
     data, scales = (qw.data, qw.scales) if qw.lead_shape else (qw.data[None], qw.scales[None])
     out = jax.ShapeDtypeStruct((x.shape[0], qw.out_features), jnp.float32)
-    return jax.ffi.ffi_call("specjax_quant_matmul", out)(
+    target = "specjax_quant_matmul" if act_bits is None else "specjax_quant_matmul_a8"
+    return jax.ffi.ffi_call(target, out)(
         x.astype(jnp.float32), data, scales, jnp.asarray(index, jnp.int32).reshape(()),
         bits=qw.bits, group_size=qw.group_size, tile=qw.tile)
 
 
-def _reference(x, qw, index):
-    return reference.quantized_matmul(x, qw.layer(index) if qw.lead_shape else qw, out_dtype=jnp.float32)
+def _reference(x, qw, index, act_bits=None):
+    return reference.quantized_matmul(x, qw.layer(index) if qw.lead_shape else qw, act_bits=act_bits,
+                                      out_dtype=jnp.float32)
 
 
-def _fold(axis_size, x, qw, index):
-    out = quantized_matmul(x.reshape(-1, x.shape[-1]), qw, index)
+def _fold(axis_size, x, qw, index, act_bits=None):
+    out = quantized_matmul(x.reshape(-1, x.shape[-1]), qw, index, act_bits)
     return out.reshape(axis_size, x.shape[1], -1)
 
 
-_kernel = inference_only(_ffi, _reference, _fold, name="quantized_matmul")
+_kernels = {a: inference_only(functools.partial(_ffi, act_bits=a), functools.partial(_reference, act_bits=a),
+                              functools.partial(_fold, act_bits=a), name="quantized_matmul")
+            for a in (None, 8)}
 
 
-def quantized_matmul(x, qw: QuantizedWeight, index=None):
-    """x [M, K] @ dequantize(qw[index]) -> float32 [M, N]; qw one weight or a stack of layers."""
+def quantized_matmul(x, qw: QuantizedWeight, index=None, act_bits=None):
+    """x [M, K] @ dequantize(qw[index]) -> float32 [M, N] (x rounded to int8 per row first with
+    act_bits=8); qw one weight or a stack of layers."""
     if x.shape[0] > MAX_ROWS:
-        return _reference(x, qw, index)
-    return _kernel(x, qw, jnp.int32(0) if index is None else index)
+        return _reference(x, qw, index, act_bits)
+    return _kernels[act_bits](x, qw, jnp.int32(0) if index is None else index)

@@ -16,6 +16,7 @@ from pallas_kernels import ffi, quantize
 from pallas_kernels.matmul import matmul
 from pallas_kernels.matmul import reference as matmul_ref
 from pallas_kernels.quant_matmul import dequantize, quantized_matmul
+from pallas_kernels.quant_matmul import reference as quant_ref
 from pallas_kernels.rms_norm import reference as norm_ref
 from pallas_kernels.rms_norm import rms_norm
 from pallas_kernels.tree_attention import reference as attention_ref
@@ -111,12 +112,13 @@ def test_quantized_matmul_reads_column_panels(bits, group_size, m, tile):
 
 
 @pytest.mark.parametrize("bits,group_size", [(8, 64), (4, 32)])
-def test_quantized_matmul_rows_do_not_depend_on_their_neighbours(bits, group_size):
+@pytest.mark.parametrize("act_bits", [None, 8])
+def test_quantized_matmul_rows_do_not_depend_on_their_neighbours(bits, group_size, act_bits):
     # a verify pass over M tokens must give each token the logits a 1-token step would: the
     # buffered path (more rows than a register block) sums in the same order, to the bit
     qw = quantize(normal((1, 256, 384), 3), bits, group_size).tiled(64)
     x = normal((13, 256), 4)
-    run = jax.jit(lambda x: quantized_matmul(x, qw, index=0, impl="cpu"))
+    run = jax.jit(lambda x: quantized_matmul(x, qw, index=0, act_bits=act_bits, impl="cpu"))
     np.testing.assert_array_equal(run(x), jnp.concatenate([run(x[i:i + 1]) for i in range(13)]))
 
 
@@ -134,11 +136,25 @@ def test_quantized_matmul_one_weight_and_bfloat16_out():
     close(got, x.astype(jnp.float32) @ dequantize(qw), rtol=1e-2)
 
 
-def test_quantized_matmul_w8a8_runs_the_reference():
-    qw = quantize(normal((256, 64), 3), 8, 64)
-    x = normal((3, 256), 4)
-    hlo = jax.jit(lambda x: quantized_matmul(x, qw, act_bits=8, impl="cpu")).lower(x).as_text()
-    assert "specjax_quant_matmul" not in hlo
+@pytest.mark.parametrize("bits,group_size", [(8, 32), (8, 64), (8, 128), (4, 32), (4, 64), (4, 128)])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 17, 64])
+@pytest.mark.parametrize("n,tile", [(384, 64), (200, 0)])  # panels; row-major with tail columns
+def test_quantized_matmul_int8_activations_equals_reference(bits, group_size, m, n, tile):
+    qw = quantize(normal((2, 512, n), 3), bits, group_size)
+    x = normal((m, 512), 4) * jnp.linspace(0.1, 3.0, 512)  # rows of varied scale
+    got = jax.jit(lambda x, qw: quantized_matmul(x, qw, index=1, act_bits=8, impl="cpu"))(x, qw.tiled(tile))
+    close(got, quant_ref.quantized_matmul(x, qw.layer(1), act_bits=8))
+    hlo = jax.jit(lambda x: quantized_matmul(x, qw.tiled(tile), index=1, act_bits=8, impl="cpu")).lower(x).as_text()
+    assert "specjax_quant_matmul_a8" in hlo
+
+
+def test_int8_activations_round_as_the_reference_rounds():
+    # halves (ties go to even), zeros (a zero row has scale 0) and the clip at +-127
+    qw = quantize(normal((256, 64), 3), 8, 32)
+    x = jnp.zeros((3, 256)).at[0].set(jnp.arange(256) - 127.5).at[1, :4].set(jnp.array([254., 1., -3., 5.]))
+    got = quantized_matmul(x, qw, act_bits=8, impl="cpu")
+    np.testing.assert_allclose(got, quant_ref.quantized_matmul(x, qw, act_bits=8), rtol=1e-5, atol=1e-5)
+    assert not np.asarray(got[2]).any()
 
 
 # ---- rms norm ------------------------------------------------------------------------------------
