@@ -13,7 +13,7 @@ from specjax.convert import load, load_gguf, save
 from specjax.decoding import GenerateOutput, generate, make_generate, stream
 from pallas_kernels import QuantizedWeight
 from specjax.models import KVCache, Model, ModelConfig
-from specjax.quantize import quantize
+from specjax.quantize import quantize, quantize_activations
 from specjax.sharding import shard
 from specjax.stats import Stats
 from specjax.tokenizer import TextTokenizer, load_tokenizer
@@ -36,5 +36,5 @@ def forward(model: Model, tokens):
 
 
 __all__ = ["Model", "ModelConfig", "KVCache", "Adaptive", "GenerateOutput", "Stats", "load", "load_gguf", "save", "forward",
-           "generate", "make_generate", "stream", "sampling", "sharding", "shard", "constraints", "diffusion", "drafters", "verify", "DraftTree", "Verdict", "quantize",
+           "generate", "make_generate", "stream", "sampling", "sharding", "shard", "constraints", "diffusion", "drafters", "verify", "DraftTree", "Verdict", "quantize", "quantize_activations",
            "QuantizedWeight", "load_tokenizer", "TextTokenizer"]

@@ -101,29 +101,36 @@ def test_tree_masked_forward_equals_each_branch():
         np.testing.assert_allclose(tree.logits[0, jnp.array(branch)], ref, atol=1e-5)
 
 
-def test_on_cpu_a_verify_pass_gives_each_path_the_bits_of_its_decode_steps():
+@pytest.mark.parametrize("weights", ["float32", "int4", "int4, int8 activations"])
+def test_on_cpu_a_verify_pass_gives_each_path_the_bits_of_its_decode_steps(weights):
     """With the CPU kernels (head dim a multiple of 16, a float32 cache), every part of a
     forward treats a row alone and attention sums by position: each node of a tree gets, to
     the bit, the logits that decoding its path one token at a time gives, so greedy
-    speculation equals greedy decoding without an argmax tie to flip."""
+    speculation equals greedy decoding without an argmax tie to flip (int8 activations too:
+    each row is rounded with its own scale)."""
     from pallas_kernels import ffi
     if jax.default_backend() != "cpu" or not ffi.available():
         pytest.skip("the CPU kernels run on a CPU with a C++ compiler")
     config = dataclasses.replace(tiny_llama_config(max_pos=128), hidden_size=64, intermediate_size=128,
                                  head_dim=16)
     model = sj.Model.init(config, jax.random.key(2))
+    if weights != "float32":
+        model = sj.quantize(model, "int4", 32)
+    if weights.endswith("activations"):
+        model = sj.quantize_activations(model)
     prefix = [3, 14, 15, 9, 27, 41, 2]
     tokens = [26, 5, 35, 8, 40]  # root 0 -> {1, 2}; 1 -> 3; 2 -> 4
     mask = jnp.asarray([[[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]]], bool)
-    run = jax.jit(lambda tokens, positions, cache, mask: forward(
-        config, model.params, tokens, positions=positions, cache=cache, tree_mask=mask))
+    run = jax.jit(lambda params, tokens, positions, cache, mask: forward(
+        config, params, tokens, positions=positions, cache=cache, tree_mask=mask))
     cache = _prefilled(model, prefix)
     depth = jnp.array([[0, 1, 1, 2, 2]])
-    tree = run(jnp.array([tokens]), cache.lengths[:, None] + depth, cache, mask).logits[0]
+    tree = run(model.params, jnp.array([tokens]), cache.lengths[:, None] + depth, cache, mask).logits[0]
     for path in ([0, 1, 3], [0, 2, 4]):
         step_cache = cache
         for node in path:
-            out = run(jnp.array([[tokens[node]]]), step_cache.lengths[:, None], step_cache, jnp.ones((1, 1, 1), bool))
+            out = run(model.params, jnp.array([[tokens[node]]]), step_cache.lengths[:, None], step_cache,
+                      jnp.ones((1, 1, 1), bool))
             np.testing.assert_array_equal(out.logits[0, 0], tree[node])
             step_cache = out.cache.advance(jnp.array([1]))
 

@@ -87,6 +87,32 @@ def test_quantized_model_saves_loads_and_generates(tmp_path):
         sj.save(model, tmp_path / "hf", format="hf")
 
 
+def test_int8_activations_stay_close_and_survive_a_checkpoint(model, tmp_path):
+    """quantize_activations marks every quantized matmul; the logits move by the activations'
+    rounding (per row, a step of max|x| / 127: measured 0.95% against 0.65% for int8 weights
+    alone), and
+    a checkpoint keeps the setting."""
+    import specjax as sj
+    from specjax.quantize import quantize_activations
+    weights = quantize(model, "int8", 32)
+    w8a8 = quantize_activations(weights)
+    marked = [w.act_bits for w in jax.tree.leaves(w8a8.params, is_leaf=lambda x: isinstance(x, QuantizedWeight))
+              if isinstance(w, QuantizedWeight)]
+    assert marked and set(marked) == {8}
+    expected = logits_of(model, TOKENS)
+    err = relative_error(logits_of(w8a8, TOKENS), expected)
+    assert relative_error(logits_of(weights, TOKENS), expected) < err < 0.05
+    assert relative_error(logits_of(quantize_activations(w8a8, None), TOKENS), logits_of(weights, TOKENS)) < 1e-6
+    sj.save(w8a8, tmp_path / "a8")
+    again = sj.load(tmp_path / "a8")
+    assert again.params["layers"]["w_up"].act_bits == 8
+    np.testing.assert_array_equal(logits_of(again, TOKENS), logits_of(w8a8, TOKENS))
+    with pytest.raises(ValueError, match="no quantized matmuls"):
+        quantize_activations(model)
+    with pytest.raises(ValueError, match="activation bits must be 8 or None"):
+        quantize_activations(weights, 4)
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_default_group_fits_the_shipped_model(mode):
     """No group_size: each matrix takes the largest supported group dividing its K (the shipped

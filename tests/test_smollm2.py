@@ -56,6 +56,17 @@ def test_model_free_drafters_keep_greedy_output(name, smollm2, chats, ar_tokens)
     assert out.stats.tau > 1.05, out.stats  # the repeated sentence gets drafted and accepted
 
 
+def test_int8_activations_keep_greedy_output(smollm2, chats):
+    """SmolLM2 in int4 with int8 activations (the W4A8 kernel): a verify pass rounds each row
+    with its own scale, as the row's decode step does, so drafts keep this model's AR tokens."""
+    model = sj.quantize_activations(sj.quantize(smollm2[0], "int4"))
+    ar = sj.generate(model, chats, max_new_tokens=40).tokens
+    for name in ("prompt-lookup", "recycling"):
+        out = sj.generate(model, chats, max_new_tokens=40, drafter=methods.make(name, model))
+        np.testing.assert_array_equal(out.tokens, ar, err_msg=name)
+        assert out.stats.tau > 1.05, out.stats
+
+
 @pytest.mark.parametrize("name, min_tau", [("swift", 1.0), ("del", 1.0), ("quantized-self", 3.0)])
 def test_self_speculative_drafters_keep_greedy_output(name, min_tau, smollm2, chats, ar_tokens):
     """The target drafting with its own layers skipped (Swift), cut (DEL) or its weights in int8

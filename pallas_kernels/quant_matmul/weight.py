@@ -32,7 +32,9 @@ GROUP_SIZES = (32, 64, 128)
 class QuantizedWeight:
     """A quantized [K, N] weight: int8 `data` [..., K/P, N], float32 `scales`
     [..., P, K/(P*group_size), N] (or their column panels, see `tile`); `bits`, `group_size`,
-    `in_features` (K), `out_features` (N) and `tile` are static."""
+    `in_features` (K), `out_features` (N), `tile` and `act_bits` are static. `act_bits` is what
+    a model's matmul passes to `quantized_matmul` with this weight: None (float activations) or 8
+    (each row of activations rounded to int8: W8A8 / W4A8)."""
 
     data: jax.Array
     scales: jax.Array
@@ -41,6 +43,7 @@ class QuantizedWeight:
     in_features: int = dataclasses.field(metadata=dict(static=True))
     out_features: int = dataclasses.field(metadata=dict(static=True))
     tile: int = dataclasses.field(default=0, metadata=dict(static=True))
+    act_bits: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @property
     def pack(self) -> int:

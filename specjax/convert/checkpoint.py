@@ -56,9 +56,10 @@ def load_checkpoint(path: str | os.PathLike, mesh=None) -> Model:
 
 
 def _quantization(params) -> dict | None:
-    """{leaf path ("layers/wq"): {"bits": b, "group_size": g}} of the quantized weights, else None."""
+    """{leaf path ("layers/wq"): {"bits": b, "group_size": g, "act_bits": a}} of the quantized
+    weights, else None."""
     leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, QuantizedWeight))
-    found = {"/".join(k.key for k in path): {"bits": w.bits, "group_size": w.group_size}
+    found = {"/".join(k.key for k in path): {"bits": w.bits, "group_size": w.group_size, "act_bits": w.act_bits}
              for path, w in leaves if isinstance(w, QuantizedWeight)}
     return found or None
 
@@ -79,7 +80,8 @@ def _abstract_params(config: ModelConfig, quantization: dict | None):
             node = functools.reduce(dict.__getitem__, parents, params)
             if leaf not in node:  # a tied model's quantized copy of its head
                 node[leaf] = lm_head_weight(config, params)
-            node[leaf] = quantize_weight(node[leaf], q["bits"], q["group_size"])
+            node[leaf] = dataclasses.replace(quantize_weight(node[leaf], q["bits"], q["group_size"]),
+                                             act_bits=q.get("act_bits"))
         return params
 
     return jax.eval_shape(build)

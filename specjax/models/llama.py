@@ -87,13 +87,14 @@ def soft_cap(x, cap):
 
 def dense(x, w, out_dtype=None):
     """x [..., K] @ w [K, N], accumulated in float32, returned in `out_dtype` (default x's
-    dtype). w may be an array, a QuantizedWeight (the quantized-matmul kernel) or an InPlace
-    layer of a stack; on CPU the few rows of a decode or verify step run the matmul kernels."""
+    dtype). w may be an array, a QuantizedWeight (the quantized-matmul kernel, with the weight's
+    `act_bits`) or an InPlace layer of a stack; on CPU the few rows of a decode or verify step
+    run the matmul kernels."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     rows = x.reshape(-1, x.shape[-1])
     stack, index = (w.stack, w.index) if isinstance(w, InPlace) else (w, None)
     if isinstance(stack, QuantizedWeight):
-        y = quantized_matmul(rows, stack, index=index, out_dtype=out_dtype)
+        y = quantized_matmul(rows, stack, index=index, act_bits=stack.act_bits, out_dtype=out_dtype)
     elif index is not None or runs_cpu_kernel(rows.shape[0]):
         y = matmul(rows, stack, index=index).astype(out_dtype)
     else:
