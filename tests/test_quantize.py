@@ -89,9 +89,8 @@ def test_quantized_model_saves_loads_and_generates(tmp_path):
 
 def test_int8_activations_stay_close_and_survive_a_checkpoint(model, tmp_path):
     """quantize_activations marks every quantized matmul; the logits move by the activations'
-    rounding (per row, a step of max|x| / 127: measured 0.95% against 0.65% for int8 weights
-    alone), and
-    a checkpoint keeps the setting."""
+    rounding too (per row, a step of max|x| / 127: measured 0.95%, against 0.65% for the int8
+    weights alone), and a checkpoint keeps the setting."""
     import specjax as sj
     from specjax.quantize import quantize_activations
     weights = quantize(model, "int8", 32)
