@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--draft", default=None, metavar="PATH",
                    help=f"the draft model of the drafters that need one, with the target's vocabulary "
                         f"(default: {DEFAULT_DRAFT}, for --model tiny)")
+    g.add_argument("--int8-activations", action="store_true",
+                   help="round the inputs of a quantized model's matmuls to int8 (W8A8 / W4A8, as llama.cpp "
+                        "runs Q8_0 / Q4_0; faster on CPUs with AVX-512 VNNI): see docs/guide/quantization.md")
     g.add_argument("--max-new-tokens", type=count, default=128, help="new tokens at most (>= 1)")
     g.add_argument("--temperature", type=temperature, default=0.0, help="0: greedy; > 0: sample")
     g.add_argument("--top-k", type=count, default=None, help="sample from the k likeliest tokens only")
@@ -235,6 +238,12 @@ def _generate(args, new: list[int]) -> None:
     if args.system is not None and not chat:
         raise UsageError("--system needs --chat (a model with a chat template)")
     model = _load(folder, "--model")
+    if args.int8_activations:
+        from specjax.quantize import is_quantized
+        if not is_quantized(model):
+            raise UsageError(f"--int8-activations: {args.model} has float matmul weights (it is for quantized "
+                             f"models: a Q8_0 / Q4_0 GGUF or a checkpoint saved from sj.quantize)")
+        model = sj.quantize_activations(model)
     if model.config.bidirectional:
         return _generate_diffusion(args, folder, model, tokenizer, chat)
     if args.sampler is not None or args.block is not None:

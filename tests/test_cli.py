@@ -69,6 +69,16 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
     assert "Traceback" not in r.stderr
 
 
+def test_int8_activations_on_a_quantized_model_and_one_line_on_a_float_one(tmp_path):
+    sj.save(sj.quantize(sj.load("tiny"), "int4"), tmp_path / "q", tokenizer="tiny")
+    r = run("generate", "--prompt", "def f(x):", "--model", str(tmp_path / "q"), "--int8-activations",
+            "--max-new-tokens", "8", timeout=300)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-2000:]
+    r = run("generate", "--prompt", "x", "--model", "tiny", "--int8-activations", timeout=120)
+    assert r.returncode == 2 and "--int8-activations: tiny has float matmul weights" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_folder_without_tokenizer_or_with_bad_config(tmp_path):
     sj.save(sj.load("tiny-draft"), tmp_path / "m", format="hf")
     r = run("generate", "--prompt", "x", "--model", str(tmp_path / "m"), timeout=120)
