@@ -295,31 +295,33 @@ struct A8Block {  // one column block's group: where its weights, scales and act
   float* acc;  // [M, 64] float sums so far, columns in the transposed order
 };
 
-// rows [m0, m0 + R): acc += x's group g times the weights (int32 sums, then scaled per plane)
-template <int R, int P, typename Weights>
-inline void a8_rows(const A8Block& b, int64_t m0, const __m512 (&scale)[P][4], Weights weights) {
-  __m512i sum[P][R][4];
-  for (int p = 0; p < P; ++p)
+// rows [m0, m0 + R): acc += x's group g times the weights of planes [p0, p0 + Q) (int32 sums,
+// then scaled per plane, plane by plane: every path adds a row's floats in the same order)
+template <int R, int Q, typename Weights>
+inline void a8_rows(const A8Block& b, int64_t m0, int p0, const __m512 (*scale)[4], Weights weights) {
+  __m512i sum[Q][R][4];
+  for (int p = 0; p < Q; ++p)
     for (int i = 0; i < R; ++i)
       for (int j = 0; j < 4; ++j) sum[p][i][j] = _mm512_setzero_si512();
   for (int64_t qd = 0; qd < b.group / 4; ++qd) {
-    __m512i w[P][4];
+    __m512i w[Q][4];
     weights(qd, w);
-    for (int p = 0; p < P; ++p)
+    for (int p = 0; p < Q; ++p)
       for (int i = 0; i < R; ++i) {
         int32_t xq;
-        std::memcpy(&xq, &b.x.q[(m0 + i) * b.K + p * b.rows + b.g * b.group + 4 * qd], 4);
+        std::memcpy(&xq, &b.x.q[(m0 + i) * b.K + (p0 + p) * b.rows + b.g * b.group + 4 * qd], 4);
         const __m512i xv = _mm512_set1_epi32(xq);
         for (int j = 0; j < 4; ++j) sum[p][i][j] = _mm512_dpbusd_epi32(sum[p][i][j], w[p][j], xv);
       }
   }
   for (int i = 0; i < R; ++i) {
     float* acc = b.acc + (m0 + i) * A8_COLS;
-    for (int p = 0; p < P; ++p) {  // plane 0 then 1, in every path: the same float sums
-      const __m512i off = _mm512_set1_epi32(b.offset * b.x.sums[(m0 + i) * (b.K / b.group) + p * b.groups + b.g]);
+    for (int p = 0; p < Q; ++p) {
+      const int64_t group_sum = b.x.sums[(m0 + i) * (b.K / b.group) + (p0 + p) * b.groups + b.g];
+      const __m512i off = _mm512_set1_epi32(int32_t(b.offset * group_sum));
       for (int j = 0; j < 4; ++j) {
         const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[p][i][j], off));
-        _mm512_storeu_ps(acc + 16 * j, _mm512_fmadd_ps(s, scale[p][j], _mm512_loadu_ps(acc + 16 * j)));
+        _mm512_storeu_ps(acc + 16 * j, _mm512_fmadd_ps(s, scale[p0 + p][j], _mm512_loadu_ps(acc + 16 * j)));
       }
     }
   }
@@ -333,6 +335,7 @@ void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0
   alignas(64) static thread_local __m512i buffer[MAX_GROUP / 4][P][4];
   const int8_t* data = w.data_at(n0);
   const float* scales = w.scales_at(n0);
+  constexpr int DIRECT = 4 / P;  // rows whose sums of every plane fit the registers at once
   for (int64_t g = 0; g < groups; ++g) {
     __m512 scale[P][4];
     for (int p = 0; p < P; ++p) {
@@ -341,20 +344,25 @@ void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0
     }
     const A8Block b{x, w.K, rows, groups, g, w.group, P == 1 ? 128 : 8, acc.data()};
     const int8_t* q = data + g * w.group * stride;
-    auto converted = [&](int64_t qd, __m512i (&out)[P][4]) { quad<P>(q + 4 * qd * stride, stride, out); };
-    if (M <= 2 / P) {  // one register block: straight from the converted vectors
-      with_rows<2>(M, [&](auto r) { a8_rows<decltype(r)::value, P>(b, 0, scale, converted); });
+    if (M <= DIRECT) {  // one register block: straight from the converted vectors
+      auto converted = [&](int64_t qd, __m512i (&out)[P][4]) { quad<P>(q + 4 * qd * stride, stride, out); };
+      with_rows<DIRECT>(M, [&](auto r) { a8_rows<decltype(r)::value, P>(b, 0, 0, scale, converted); });
       continue;
     }
-    // more rows: the group is converted once into a buffer that stays in L1
+    // more rows: the group is converted once into a buffer that stays in L1, and blocks of
+    // A8_MR rows take its planes one at a time
     for (int64_t qd = 0; qd < w.group / 4; ++qd) quad<P>(q + 4 * qd * stride, stride, buffer[qd]);
-    auto buffered = [&](int64_t qd, __m512i (&out)[P][4]) {
-      for (int p = 0; p < P; ++p)
-        for (int j = 0; j < 4; ++j) out[p][j] = buffer[qd][p][j];
+    auto rows_block = [&](auto r, int64_t m0) {
+      for (int p = 0; p < P; ++p) {
+        auto plane = [&](int64_t qd, __m512i (&out)[1][4]) {
+          for (int j = 0; j < 4; ++j) out[0][j] = buffer[qd][p][j];
+        };
+        a8_rows<decltype(r)::value, 1>(b, m0, p, scale, plane);
+      }
     };
-    const int64_t whole = M - M % (A8_MR / P);
-    for (int64_t m0 = 0; m0 < whole; m0 += A8_MR / P) a8_rows<A8_MR / P, P>(b, m0, scale, buffered);
-    with_rows<A8_MR / P>(M - whole, [&](auto r) { a8_rows<decltype(r)::value, P>(b, whole, scale, buffered); });
+    const int64_t whole = M - M % A8_MR;
+    for (int64_t m0 = 0; m0 < whole; m0 += A8_MR) rows_block(std::integral_constant<int, A8_MR>{}, m0);
+    with_rows<A8_MR>(M - whole, [&](auto r) { rows_block(r, whole); });
   }
   for (int64_t m = 0; m < M; ++m) {
     __m512 v[4];
