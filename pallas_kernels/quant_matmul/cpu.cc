@@ -9,6 +9,7 @@
 // specjax_quant_matmul_a8 is the same product with int8 activations (W8A8 / W4A8, the
 // reference's act_bits=8): each row of x rounded to int8 with one scale, the products of a group
 // summed exactly in int32 (AVX-512 VNNI where the host has it), then scaled per group in float.
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -159,25 +160,41 @@ float weight_at(const Weight& w, int64_t k, int64_t n) {
   return float(q) * w.scales_at(n)[(p * groups + r / w.group) * w.stride()];
 }
 
+// Layer `index` of the weight stack, or (`error` set) why x, data and scales do not fit each
+// other and the kernel's column block.
+struct LayerWeight {
+  Weight w;
+  const char* error;
+};
+
+LayerWeight layer_weight(ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::S8>& data, ffi::Buffer<ffi::F32>& scales,
+                         ffi::Buffer<ffi::S32>& index, int64_t bits, int64_t group_size, int64_t tile,
+                         int64_t block) {
+  auto xd = x.dimensions(), dd = data.dimensions(), sd = scales.dimensions();
+  const int64_t pack = bits == 4 ? 2 : 1, panel_axes = tile ? 1 : 0;
+  if (xd.size() != 2 || dd.size() != 3 + panel_axes || sd.size() != 4 + panel_axes ||
+      (bits != 8 && bits != 4) || (tile && tile % block) || group_size > MAX_GROUP || group_size % 4)
+    return {{}, "x [M, K], data [L, K/P, N], scales [L, P, G, N] (or their panels of a tile that is a "
+                "multiple of the kernel's column block)"};
+  const int64_t K = xd[1], L = dd[0], N = tile ? dd[1] * tile : dd[2];
+  const int64_t d1 = dd[1 + panel_axes], s1 = sd[1 + panel_axes], s2 = sd[2 + panel_axes];
+  const bool panels_agree = tile ? dd[3] == tile && sd[4] == tile && sd[1] == dd[1] : sd[3] == N;
+  if (d1 * pack != K || s1 != pack || s2 * group_size * pack != K || !panels_agree)
+    return {{}, "shapes of x, data and scales disagree"};
+  const int64_t layer = std::clamp<int64_t>(index.typed_data()[0], 0, L - 1);
+  return {{data.typed_data() + layer * d1 * N, scales.typed_data() + layer * s1 * s2 * N, K, N, group_size,
+           pack, tile},
+          nullptr};
+}
+
 ffi::Error QuantMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> data,
                        ffi::Buffer<ffi::F32> scales, ffi::Buffer<ffi::S32> index,
                        ffi::ResultBuffer<ffi::F32> y, int64_t bits, int64_t group_size,
                        int64_t tile) {
-  auto xd = x.dimensions(), dd = data.dimensions(), sd = scales.dimensions();
-  const int64_t pack = 8 / bits, panel_axes = tile ? 1 : 0;
-  if (xd.size() != 2 || dd.size() != 3 + panel_axes || sd.size() != 4 + panel_axes ||
-      (bits != 8 && bits != 4) || (tile && tile % NB) || group_size > MAX_GROUP)
-    return ffi::Error::InvalidArgument(
-        "quant_matmul: x [M, K], data [L, K/P, N], scales [L, P, G, N] (or their panels of a "
-        "tile that is a multiple of the kernel's column block)");
-  const int64_t M = xd[0], K = xd[1], L = dd[0], N = tile ? dd[1] * tile : dd[2];
-  const int64_t d1 = dd[1 + panel_axes], s1 = sd[1 + panel_axes], s2 = sd[2 + panel_axes];
-  const bool panels_agree = tile ? dd[3] == tile && sd[4] == tile && sd[1] == dd[1] : sd[3] == N;
-  if (d1 * pack != K || s1 != pack || s2 * group_size * pack != K || !panels_agree)
-    return ffi::Error::InvalidArgument("quant_matmul: shapes of x, data and scales disagree");
-  const int64_t layer = std::clamp<int64_t>(index.typed_data()[0], 0, L - 1);
-  const Weight w{data.typed_data() + layer * d1 * N, scales.typed_data() + layer * s1 * s2 * N,
-                 K, N, group_size, pack, tile};
+  const LayerWeight layer = layer_weight(x, data, scales, index, bits, group_size, tile, NB);
+  if (layer.error) return ffi::Error::InvalidArgument(std::string("quant_matmul: ") + layer.error);
+  const Weight& w = layer.w;
+  const int64_t M = x.dimensions()[0], K = w.K, N = w.N, pack = w.pack;
   const float* xp = x.typed_data();
   float* yp = y->typed_data();
   // a thread's unit: a whole panel (its column blocks in turn, re-read from L2), or a block
@@ -400,21 +417,10 @@ void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0
 ffi::Error QuantMatmulA8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> data,
                          ffi::Buffer<ffi::F32> scales, ffi::Buffer<ffi::S32> index,
                          ffi::ResultBuffer<ffi::F32> y, int64_t bits, int64_t group_size, int64_t tile) {
-  auto xd = x.dimensions(), dd = data.dimensions(), sd = scales.dimensions();
-  const int64_t pack = 8 / bits, panel_axes = tile ? 1 : 0;
-  if (xd.size() != 2 || dd.size() != 3 + panel_axes || sd.size() != 4 + panel_axes ||
-      (bits != 8 && bits != 4) || (tile && tile % A8_COLS) || group_size > MAX_GROUP || group_size % 4)
-    return ffi::Error::InvalidArgument(
-        "quant_matmul_a8: x [M, K], data [L, K/P, N], scales [L, P, G, N] (or their panels of a "
-        "tile that is a multiple of 64)");
-  const int64_t M = xd[0], K = xd[1], L = dd[0], N = tile ? dd[1] * tile : dd[2];
-  const int64_t d1 = dd[1 + panel_axes], s1 = sd[1 + panel_axes], s2 = sd[2 + panel_axes];
-  const bool panels_agree = tile ? dd[3] == tile && sd[4] == tile && sd[1] == dd[1] : sd[3] == N;
-  if (d1 * pack != K || s1 != pack || s2 * group_size * pack != K || !panels_agree)
-    return ffi::Error::InvalidArgument("quant_matmul_a8: shapes of x, data and scales disagree");
-  const int64_t layer = std::clamp<int64_t>(index.typed_data()[0], 0, L - 1);
-  const Weight w{data.typed_data() + layer * d1 * N, scales.typed_data() + layer * s1 * s2 * N,
-                 K, N, group_size, pack, tile};
+  const LayerWeight layer = layer_weight(x, data, scales, index, bits, group_size, tile, A8_COLS);
+  if (layer.error) return ffi::Error::InvalidArgument(std::string("quant_matmul_a8: ") + layer.error);
+  const Weight& w = layer.w;
+  const int64_t M = x.dimensions()[0], K = w.K, N = w.N, pack = w.pack;
   const Rows8 xr = round_rows(pool, x.typed_data(), M, K, group_size);
   float* yp = y->typed_data();
   const int64_t blocks = N / A8_COLS;
