@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <type_traits>
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -99,6 +100,15 @@ inline vf exp_nonpositive(vf x) {
   vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
   vf out = p * reinterpret_cast<vf>(bits);
   return tiny ? vf{} : out;
+}
+
+// f(std::integral_constant<int, rows>) for 0 < rows <= R: a block of rows held in registers.
+template <int R, typename F>
+void with_rows(int64_t rows, F&& f) {
+  if constexpr (R > 0) {
+    if (rows == R) f(std::integral_constant<int, R>{});
+    else with_rows<R - 1>(rows, f);
+  }
 }
 
 // Run body(i) for i in [0, n) on the caller and XLA's intra-op threads. Work is claimed from a

@@ -12,8 +12,10 @@ namespace {
 
 #if defined(__AVX512F__)
 constexpr int MR = 6;  // rows held in registers at once (MR * NV accumulators)
+constexpr int ACC = 24;  // accumulator registers a block may take
 #else
 constexpr int MR = 3;
+constexpr int ACC = 12;
 #endif
 constexpr int NV = 4;           // vectors of output columns per block
 constexpr int NB = NV * VL;     // output columns per block
@@ -27,38 +29,42 @@ inline vf load_w(const uint16_t* p) { return load_bf16(p); }
 inline float scalar_w(float w) { return w; }
 inline float scalar_w(uint16_t w) { return bf16_to_float(w); }
 
-// "kn": rows [m0, m0 + R) times the NV-vector column block at n0, over all of K.
-template <int R, typename W>
+// "kn": rows [m0, m0 + R) times the V-vector column block at n0, over all of K. Every output
+// sums its K products in order, whatever R and V: a row's bits do not depend on its neighbours.
+template <int R, int V, typename W>
 void kn_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0) {
-  vf acc[R][NV] = {};
+  vf acc[R][V] = {};
   const W* wp = w + n0;
   for (int64_t k = 0; k < K; ++k, wp += N) {
-    for (int line = 0; line < int(NB * sizeof(W)); line += 64)  // the block's row PREFETCH rows ahead
+    for (int line = 0; line < int(V * VL * sizeof(W)); line += 64)  // the block's row PREFETCH rows ahead
       __builtin_prefetch(reinterpret_cast<const char*>(wp + PREFETCH * N) + line);
-    vf wv[NV];
-    for (int v = 0; v < NV; ++v) wv[v] = load_w(wp + v * VL);
+    vf wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = load_w(wp + v * VL);
     for (int r = 0; r < R; ++r) {
       vf xv = splat(x[(m0 + r) * K + k]);
-      for (int v = 0; v < NV; ++v) acc[r][v] += xv * wv[v];
+      for (int v = 0; v < V; ++v) acc[r][v] += xv * wv[v];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) store(y + (m0 + r) * N + n0 + v * VL, acc[r][v]);
+    for (int v = 0; v < V; ++v) store(y + (m0 + r) * N + n0 + v * VL, acc[r][v]);
+}
+
+// rows [m0, m0 + rows) (rows <= ACC) times the NB columns at n0 in one pass over the weights:
+// the block cut into narrower column blocks when the rows need more accumulators
+template <int V, typename W>
+void kn_pass(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t rows, int64_t n0) {
+  for (int64_t c = n0; c < n0 + NB; c += V * VL)
+    with_rows<ACC / V>(rows, [&](auto r) { kn_block<decltype(r)::value, V>(x, w, y, K, N, m0, c); });
 }
 
 template <typename W>
 void kn_columns(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
-  int64_t m = 0;
-  for (; m + MR <= M; m += MR) kn_block<MR>(x, w, y, K, N, m, n0);
-  switch (M - m) {  // the last few rows, still from registers
-    case 1: kn_block<1>(x, w, y, K, N, m, n0); break;
-    case 2: kn_block<2>(x, w, y, K, N, m, n0); break;
-#if defined(__AVX512F__)
-    case 3: kn_block<3>(x, w, y, K, N, m, n0); break;
-    case 4: kn_block<4>(x, w, y, K, N, m, n0); break;
-    case 5: kn_block<5>(x, w, y, K, N, m, n0); break;
-#endif
-    default: break;
+  if (M <= MR) return kn_pass<NV>(x, w, y, K, N, 0, M, n0);
+  for (int64_t m0 = 0; m0 < M; m0 += ACC) {  // past ACC rows, one pass per ACC rows
+    const int64_t rows = std::min<int64_t>(ACC, M - m0);
+    if (rows <= ACC / NV) kn_pass<NV>(x, w, y, K, N, m0, rows, n0);
+    else if (rows <= ACC / 2) kn_pass<2>(x, w, y, K, N, m0, rows, n0);
+    else kn_pass<1>(x, w, y, K, N, m0, rows, n0);
   }
 }
 

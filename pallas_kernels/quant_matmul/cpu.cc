@@ -10,7 +10,6 @@
 // reference's act_bits=8): each row of x rounded to int8 with one scale, the products of a group
 // summed exactly in int32 (AVX-512 VNNI where the host has it), then scaled per group in float.
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "pallas_kernels/ffi/cpu_common.h"
@@ -118,18 +117,9 @@ void block_from_buffer(const float* x, const Weight& w, const float* buffer, int
     for (int v = 0; v < NV; ++v) store(y + (m0 + i) * w.N + n0 + v * VL, acc[i][v]);
 }
 
-// f(std::integral_constant<int, rows>) for 0 < rows <= MR: a block of rows held in registers
-template <int R = MR, typename F>
-void with_rows(int64_t rows, F&& f) {
-  if constexpr (R > 0) {
-    if (rows == R) f(std::integral_constant<int, R>{});
-    else with_rows<R - 1>(rows, f);
-  }
-}
-
 template <int P>
 void columns(const float* x, const Weight& w, float* y, int64_t M, int64_t n0) {
-  if (M <= MR) return with_rows(M, [&](auto r) { block<decltype(r)::value, P>(x, w, y, 0, n0); });
+  if (M <= MR) return with_rows<MR>(M, [&](auto r) { block<decltype(r)::value, P>(x, w, y, 0, n0); });
   // More rows than one register block: each group is converted once, into a buffer that stays
   // in L1, and every block of rows reads it from there instead of converting it again.
   alignas(64) static thread_local float buffer[MAX_GROUP * 2 * NB];
@@ -148,7 +138,7 @@ void columns(const float* x, const Weight& w, float* y, int64_t M, int64_t n0) {
     }
     const int64_t m = M - M % MR;
     for (int64_t m0 = 0; m0 < m; m0 += MR) block_from_buffer<MR, P>(x, w, buffer, g, y, m0, n0);
-    with_rows(M - m, [&](auto r) { block_from_buffer<decltype(r)::value, P>(x, w, buffer, g, y, m, n0); });
+    with_rows<MR>(M - m, [&](auto r) { block_from_buffer<decltype(r)::value, P>(x, w, buffer, g, y, m, n0); });
   }
 }
 
