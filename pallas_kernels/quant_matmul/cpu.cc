@@ -380,27 +380,31 @@ void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0
   }
 }
 #else
-// Portable: the same sums, a column at a time.
+// Portable: the same sums, a row of x at a time, each weight row's 64 columns at once (which
+// the compiler vectorizes).
 template <int P>
 void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0) {
   const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride();
   const int8_t* data = w.data_at(n0);
   const float* scales = w.scales_at(n0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int c = 0; c < A8_COLS; ++c) {
-      float acc = 0.f;
-      for (int64_t g = 0; g < groups; ++g)
-        for (int p = 0; p < P; ++p) {
-          int32_t sum = 0;
-          for (int64_t r = g * w.group; r < (g + 1) * w.group; ++r) {
-            const int32_t b = data[r * stride + c];
-            const int32_t wq = P == 1 ? b : (p == 0 ? (b << 28) >> 28 : b >> 4);
-            sum += wq * x.q[m * w.K + p * rows + r];
+  for (int64_t m = 0; m < M; ++m) {
+    float acc[A8_COLS] = {};
+    for (int64_t g = 0; g < groups; ++g)
+      for (int p = 0; p < P; ++p) {
+        int32_t sum[A8_COLS] = {};
+        for (int64_t r = g * w.group; r < (g + 1) * w.group; ++r) {
+          const int32_t xq = x.q[m * w.K + p * rows + r];
+          const int8_t* row = data + r * stride;
+          for (int c = 0; c < A8_COLS; ++c) {
+            const int32_t b = row[c];
+            sum[c] += (P == 1 ? b : p == 0 ? (b << 28) >> 28 : b >> 4) * xq;
           }
-          acc += float(sum) * scales[(p * groups + g) * stride + c];
         }
-      y[m * w.N + n0 + c] = acc * x.scale[m];
-    }
+        const float* scale = scales + (p * groups + g) * stride;
+        for (int c = 0; c < A8_COLS; ++c) acc[c] += float(sum[c]) * scale[c];
+      }
+    for (int c = 0; c < A8_COLS; ++c) y[m * w.N + n0 + c] = acc[c] * x.scale[m];
+  }
 }
 #endif
 
