@@ -19,7 +19,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.constraints import matchers
 from specjax.constraints.automaton import TokenAutomaton

@@ -15,7 +15,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax import sampling, verify
 from specjax.convert import heads as ckpt
