@@ -150,6 +150,8 @@ def _parser() -> argparse.ArgumentParser:
                          "Spec-Bench-style set), or a JSONL file of rows with a 'prompt' or Spec-Bench 'turns'")
     bn.add_argument("--batch", type=count, nargs="+", default=None, metavar="B",
                     help="batch sizes (>= 1; default 1); with --dllm one size, the examples per canvas (default 16)")
+    bn.add_argument("--int8-activations", action="store_true",
+                    help="round the inputs of a quantized model's matmuls to int8 (as generate's flag)")
     bn.add_argument("--max-new-tokens", type=count, default=128, help="new tokens per prompt (>= 1)")
     bn.add_argument("--temperature", type=temperature, default=0.0,
                     help="sample with each method's exact rule (transformers rows are greedy only)")
@@ -401,7 +403,7 @@ def cmd_bench(args) -> int | None:
     cfg = BenchConfig(model=args.model, draft=args.draft, methods=tuple(args.methods or DEFAULT_METHODS),
                       batches=tuple(args.batch or [1]), num_prompts=args.num_prompts,
                       max_new_tokens=args.max_new_tokens, repeats=args.repeats, prompts=args.prompts,
-                      temperature=args.temperature)
+                      temperature=args.temperature, int8_activations=args.int8_activations)
     if args.quick:
         cfg = dataclasses.replace(cfg, num_prompts=2, max_new_tokens=16, repeats=1)
     try:

@@ -74,9 +74,13 @@ def test_int8_activations_on_a_quantized_model_and_one_line_on_a_float_one(tmp_p
     r = run("generate", "--prompt", "def f(x):", "--model", str(tmp_path / "q"), "--int8-activations",
             "--max-new-tokens", "8", timeout=300)
     assert r.returncode == 0 and r.stdout.strip(), r.stderr[-2000:]
-    r = run("generate", "--prompt", "x", "--model", "tiny", "--int8-activations", timeout=120)
-    assert r.returncode == 2 and "--int8-activations: tiny has float matmul weights" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run("bench", "--model", str(tmp_path / "q"), "--int8-activations", "--quick", "--methods", "ar",
+            "prompt-lookup", "--out", str(tmp_path / "bench"), timeout=600)
+    assert r.returncode == 0 and "prompt-lookup" in r.stdout, r.stderr[-2000:]
+    for command in ("generate --prompt x", "bench --quick"):
+        r = run(*command.split(), "--model", "tiny", "--int8-activations", timeout=120)
+        assert r.returncode == 2 and "--int8-activations: tiny has float matmul weights" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_folder_without_tokenizer_or_with_bad_config(tmp_path):
