@@ -431,28 +431,21 @@ ffi::Error QuantMatmulA8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buf
   return ffi::Error::Success();
 }
 
+// Both handlers take x, data, scales and index, and the weight format's attributes.
+auto binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::S8>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::S32>>()
+      .Ret<ffi::Buffer<ffi::F32>>()
+      .Attr<int64_t>("bits")
+      .Attr<int64_t>("group_size")
+      .Attr<int64_t>("tile");
+}
+
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_quant_matmul, QuantMatmul,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("group_size")
-                                  .Attr<int64_t>("tile"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_quant_matmul_a8, QuantMatmulA8,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("bits")
-                                  .Attr<int64_t>("group_size")
-                                  .Attr<int64_t>("tile"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_quant_matmul, QuantMatmul, binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_quant_matmul_a8, QuantMatmulA8, binding());

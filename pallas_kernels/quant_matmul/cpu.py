@@ -14,8 +14,7 @@ from pallas_kernels.ffi.batching import inference_only
 from pallas_kernels.quant_matmul import reference
 from pallas_kernels.quant_matmul.weight import QuantizedWeight
 
-MAX_ROWS = 64
-A8_MAX_ROWS = 1 << 30
+MAX_ROWS = 64  # with float activations; XLA's float GEMM is faster past a verify step's rows
 TILE = 64  # the column panel the kernel reads fastest (QuantizedWeight.tile): 64 int8 = a cache line
 
 
@@ -25,13 +24,9 @@ def preferred_layout(qw: QuantizedWeight) -> QuantizedWeight:
 
 
 def supports(x, qw: QuantizedWeight, act_bits) -> bool:
-    return act_bits in (None, 8) and x.shape[0] <= max_rows(act_bits) and ffi.available()
-
-
-def max_rows(act_bits) -> int:
-    """The most rows the kernel takes: with float activations a decode or verify step's (XLA's
-    float GEMM is faster past them); with int8 activations any number (integer products beat it)."""
-    return MAX_ROWS if act_bits is None else A8_MAX_ROWS
+    """Float activations: up to MAX_ROWS rows; int8 activations: any number (integer products
+    beat XLA's float GEMM at prefill's rows too)."""
+    return (act_bits == 8 or (act_bits is None and x.shape[0] <= MAX_ROWS)) and ffi.available()
 
 
 def _ffi(x, qw: QuantizedWeight, index, act_bits=None):
@@ -61,6 +56,6 @@ _kernels = {a: inference_only(functools.partial(_ffi, act_bits=a), functools.par
 def quantized_matmul(x, qw: QuantizedWeight, index=None, act_bits=None):
     """x [M, K] @ dequantize(qw[index]) -> float32 [M, N] (x rounded to int8 per row first with
     act_bits=8); qw one weight or a stack of layers."""
-    if x.shape[0] > max_rows(act_bits):
+    if act_bits is None and x.shape[0] > MAX_ROWS:
         return _reference(x, qw, index, act_bits)
     return _kernels[act_bits](x, qw, jnp.int32(0) if index is None else index)
