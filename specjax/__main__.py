@@ -241,11 +241,7 @@ def _generate(args, new: list[int]) -> None:
         raise UsageError("--system needs --chat (a model with a chat template)")
     model = _load(folder, "--model")
     if args.int8_activations:
-        from specjax.quantize import is_quantized
-        if not is_quantized(model):
-            raise UsageError(f"--int8-activations: {args.model} has float matmul weights (it is for quantized "
-                             f"models: a Q8_0 / Q4_0 GGUF or a checkpoint saved from sj.quantize)")
-        model = sj.quantize_activations(model)
+        model = cli.int8_activations(model, args.model)
     if model.config.bidirectional:
         return _generate_diffusion(args, folder, model, tokenizer, chat)
     if args.sampler is not None or args.block is not None:

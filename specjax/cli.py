@@ -98,6 +98,17 @@ def text(*, empty: bool = False) -> Callable[[str], str]:
     return parse
 
 
+def int8_activations(model, name: str):
+    """`model` (loaded from `name`) with --int8-activations applied: its quantized matmuls take
+    int8 activations (`sj.quantize_activations`); a float model is a UsageError."""
+    from specjax.quantize import is_quantized, quantize_activations
+
+    if not is_quantized(model):
+        raise UsageError(f"--int8-activations: {name} has float matmul weights (it is for quantized models: "
+                         f"a Q8_0 / Q4_0 GGUF or a checkpoint saved from sj.quantize)")
+    return quantize_activations(model)
+
+
 def run(command: Callable[..., int | None], *args) -> int:
     """Run a command's handler inside the error boundary: its exit status (None: 0); a
     UsageError or OSError -> 'error: ...' on stderr and 2; Ctrl-C -> 'interrupted' and 130 (a handler

@@ -80,10 +80,7 @@ def quantize_activations(model: Model, bits: int | None = 8) -> Model:
         raise ValueError(f"activation bits must be 8 or None, got {bits!r}")
     if not is_quantized(model):
         raise ValueError("the model has no quantized matmuls: quantize its weights first (sj.quantize)")
-    quantized = lambda x: isinstance(x, pallas_kernels.QuantizedWeight)
-    params = jax.tree.map(lambda x: dataclasses.replace(x, act_bits=bits) if quantized(x) else x,
-                          model.params, is_leaf=quantized)
-    return Model(params, model.config)
+    return Model(relayout(model.params, lambda w: dataclasses.replace(w, act_bits=bits)), model.config)
 
 
 def relayout(params, layout=pallas_kernels.kernel_layout):

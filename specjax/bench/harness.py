@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from specjax import decoding, memory, methods
+from specjax import cli, decoding, memory, methods
 from specjax.convert import load
 from specjax.decoding import generate
 from specjax.stats import Stats
@@ -167,16 +167,12 @@ def prepare(cfg: BenchConfig) -> Prepared:
     file)."""
     from specjax.convert import resolve
     from specjax.data.prompts import prompt_set
-    from specjax.quantize import is_quantized, quantize_activations
     from specjax.tokenizer import load_tokenizer
     _check_methods(cfg.methods)
     rows = prompt_set(cfg.prompts, cfg.num_prompts)
     model = load(cfg.model)
     if cfg.int8_activations:
-        if not is_quantized(model):
-            raise ValueError(f"--int8-activations: {cfg.model} has float matmul weights (it is for quantized "
-                             f"models: a Q8_0 / Q4_0 GGUF or a checkpoint saved from sj.quantize)")
-        model = quantize_activations(model)
+        model = cli.int8_activations(model, cfg.model)
     prompts = _tokenized_prompts(rows, load_tokenizer(cfg.model))
     names = ["ar", *dict.fromkeys(m for m in cfg.methods if m != "ar")]
     uses_draft = any("draft model" in methods.find(m)[0].needs for m in names)
