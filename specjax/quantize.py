@@ -18,6 +18,7 @@ import functools
 import jax
 
 import pallas_kernels
+from pallas_kernels.matmul import PanelWeight
 from pallas_kernels.quant_matmul.weight import GROUP_SIZES
 from specjax.models import Model
 from specjax.models.params import LLAMA, leaves
@@ -54,6 +55,8 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
             raise ValueError(f"{name} is already quantized")
         try:
             g = group_size if group_size is not None else largest_group(w.shape[-2], bits)
+            if isinstance(w, PanelWeight):
+                w = w.untiled()
             return pallas_kernels.kernel_layout(pallas_kernels.quantize(w, bits, g))
         except ValueError as e:
             raise ValueError(f"cannot quantize {name} {tuple(w.shape)}: {e}") from None
@@ -80,11 +83,10 @@ def quantize_activations(model: Model, bits: int | None = 8) -> Model:
         raise ValueError(f"activation bits must be 8 or None, got {bits!r}")
     if not is_quantized(model):
         raise ValueError("the model has no quantized matmuls: quantize its weights first (sj.quantize)")
-    return Model(relayout(model.params, lambda w: dataclasses.replace(w, act_bits=bits)), model.config)
+    return Model(map_quantized(model.params, lambda w: dataclasses.replace(w, act_bits=bits)), model.config)
 
 
-def relayout(params, layout=pallas_kernels.kernel_layout):
-    """params with `layout` applied to every QuantizedWeight (default: this host's kernel layout;
-    `QuantizedWeight.untiled` for the portable row-major one)."""
+def map_quantized(params, fn):
+    """params with `fn` applied to every QuantizedWeight."""
     quantized = lambda x: isinstance(x, pallas_kernels.QuantizedWeight)
-    return jax.tree.map(lambda x: layout(x) if quantized(x) else x, params, is_leaf=quantized)
+    return jax.tree.map(lambda x: fn(x) if quantized(x) else x, params, is_leaf=quantized)

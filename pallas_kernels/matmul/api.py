@@ -18,6 +18,12 @@ def matmul(x, w, *, index=None, transposed=False, impl: str | None = None):
     return reference.matmul(x, w, index=index, transposed=transposed)
 
 
+def kernel_layout(w):
+    """A float layer stack [..., K, N] as the default backend's matmul reads it fastest: a
+    PanelWeight where the CPU kernel runs (when N allows), the array itself elsewhere."""
+    return cpu.preferred_layout(w) if pick_impl(None, False) == "cpu" else w
+
+
 def runs_cpu_kernel(rows: int) -> bool:
     """Whether a matmul over `rows` rows runs the CPU kernel on jax's default backend. The
     kernel reads a layer from its stack: a caller should then pass the stack and the layer's

@@ -1,8 +1,9 @@
 // y[M, N] = x[M, K] @ W for the few rows of a decode or verify step, each weight read once for
 // all M rows. W is one layer of a stack, W = w[index], stored [K, N] ("kn", the model's layer
-// weights) or [N, K] ("nk", a tied embedding read as the LM head), in float32 or bfloat16;
-// accumulation is float32. The layer is picked inside the kernel so that XLA never copies a
-// slice of the stack out for it.
+// weights), in column panels [N / tile, K, tile] (`tile` > 0: a matmul.PanelWeight, where a
+// block's weights are one contiguous read instead of K rows strided by N) or [N, K] ("nk", a
+// tied embedding read as the LM head), in float32 or bfloat16; accumulation is float32. The
+// layer is picked inside the kernel so that XLA never copies a slice of the stack out for it.
 #include "pallas_kernels/ffi/cpu_common.h"
 
 namespace ffi = xla::ffi;
@@ -12,10 +13,8 @@ namespace {
 
 #if defined(__AVX512F__)
 constexpr int MR = 6;  // rows held in registers at once (MR * NV accumulators)
-constexpr int ACC = 24;  // accumulator registers a block may take
 #else
 constexpr int MR = 3;
-constexpr int ACC = 12;
 #endif
 constexpr int NV = 4;           // vectors of output columns per block
 constexpr int NB = NV * VL;     // output columns per block
@@ -29,15 +28,25 @@ inline vf load_w(const uint16_t* p) { return load_bf16(p); }
 inline float scalar_w(float w) { return w; }
 inline float scalar_w(uint16_t w) { return bf16_to_float(w); }
 
-// "kn": rows [m0, m0 + R) times the V-vector column block at n0, over all of K. Every output
-// sums its K products in order, whatever R and V: a row's bits do not depend on its neighbours.
+// Where column n of W's row 0 is, and the step from a row to the next: [K, N] when tile is 0,
+// else column panels [N / tile, K, tile].
+struct Columns {
+  int64_t K, N, tile;
+  int64_t offset(int64_t n) const { return tile ? n / tile * K * tile + n % tile : n; }
+  int64_t stride() const { return tile ? tile : N; }
+};
+
+// "kn" and panels: rows [m0, m0 + R) times the V-vector column block at n0, over all of K. Every
+// output sums its K products in order, whatever R, V and the layout: a row's bits do not depend
+// on its neighbours, nor on whether W is in panels.
 template <int R, int V, typename W>
-void kn_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0) {
+void kn_block(const float* x, const W* w, float* y, Columns cols, int64_t m0, int64_t n0) {
+  const int64_t K = cols.K, N = cols.N, stride = cols.stride();
   vf acc[R][V] = {};
-  const W* wp = w + n0;
-  for (int64_t k = 0; k < K; ++k, wp += N) {
+  const W* wp = w + cols.offset(n0);
+  for (int64_t k = 0; k < K; ++k, wp += stride) {
     for (int line = 0; line < int(V * VL * sizeof(W)); line += 64)  // the block's row PREFETCH rows ahead
-      __builtin_prefetch(reinterpret_cast<const char*>(wp + PREFETCH * N) + line);
+      __builtin_prefetch(reinterpret_cast<const char*>(wp + PREFETCH * stride) + line);
     vf wv[V];
     for (int v = 0; v < V; ++v) wv[v] = load_w(wp + v * VL);
     for (int r = 0; r < R; ++r) {
@@ -49,23 +58,12 @@ void kn_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_
     for (int v = 0; v < V; ++v) store(y + (m0 + r) * N + n0 + v * VL, acc[r][v]);
 }
 
-// rows [m0, m0 + rows) (rows <= ACC) times the NB columns at n0 in one pass over the weights:
-// the block cut into narrower column blocks when the rows need more accumulators
-template <int V, typename W>
-void kn_pass(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_t m0, int64_t rows, int64_t n0) {
-  for (int64_t c = n0; c < n0 + NB; c += V * VL)
-    with_rows<ACC / V>(rows, [&](auto r) { kn_block<decltype(r)::value, V>(x, w, y, K, N, m0, c); });
-}
-
+// All M rows times the NB columns at n0, MR rows at a time: the first pass streams the block's
+// weights from memory, the others find them in L2 (K * NB values; 147 kB for K = 576 in float32).
 template <typename W>
-void kn_columns(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
-  if (M <= MR) return kn_pass<NV>(x, w, y, K, N, 0, M, n0);
-  for (int64_t m0 = 0; m0 < M; m0 += ACC) {  // past ACC rows, one pass per ACC rows
-    const int64_t rows = std::min<int64_t>(ACC, M - m0);
-    if (rows <= ACC / NV) kn_pass<NV>(x, w, y, K, N, m0, rows, n0);
-    else if (rows <= ACC / 2) kn_pass<2>(x, w, y, K, N, m0, rows, n0);
-    else kn_pass<1>(x, w, y, K, N, m0, rows, n0);
-  }
+void kn_columns(const float* x, const W* w, float* y, int64_t M, Columns cols, int64_t n0) {
+  for (int64_t m0 = 0; m0 < M; m0 += MR)
+    with_rows<MR>(std::min<int64_t>(MR, M - m0), [&](auto r) { kn_block<decltype(r)::value, NV>(x, w, y, cols, m0, n0); });
 }
 
 template <typename W>
@@ -119,7 +117,7 @@ void nk_columns(const float* x, const W* w, float* y, int64_t M, int64_t K, int6
 
 template <typename W>
 void matmul(ffi::ThreadPool& pool, const float* x, const W* w, float* y, int64_t M, int64_t K,
-            int64_t N, bool nk) {
+            int64_t N, bool nk, int64_t tile) {
   if (nk) {
     const int64_t per_task = 64;  // output columns per task: weight rows of 64 * K contiguous values
     const int64_t tasks = (N + per_task - 1) / per_task;
@@ -130,26 +128,31 @@ void matmul(ffi::ThreadPool& pool, const float* x, const W* w, float* y, int64_t
     });
     return;
   }
-  const int64_t blocks = N / NB;
-  parallel_for(pool, blocks, [&](int64_t b) { kn_columns(x, w, y, M, K, N, b * NB); });
+  const int64_t blocks = N / NB;  // panels: tile is a multiple of NB and divides N (checked)
+  const Columns cols{K, N, tile};
+  parallel_for(pool, blocks, [&](int64_t b) { kn_columns(x, w, y, M, cols, b * NB); });
   if (blocks * NB < N) kn_tail(x, w, y, M, K, N, blocks * NB);
 }
 
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
-                  ffi::Buffer<ffi::S32> index, ffi::ResultBuffer<ffi::F32> y, bool nk) {
+                  ffi::Buffer<ffi::S32> index, ffi::ResultBuffer<ffi::F32> y, bool nk, int64_t tile) {
   auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 3)
+  if (tile > 0) {  // panels [L, N / tile, K, tile]
+    if (xd.size() != 2 || wd.size() != 4 || wd[3] != tile || tile % NB || nk)
+      return ffi::Error::InvalidArgument("matmul: panels must be [L, N / tile, K, tile], tile a multiple of the block");
+  } else if (xd.size() != 2 || wd.size() != 3) {
     return ffi::Error::InvalidArgument("matmul: x must be [M, K] and w [L, K, N] or [L, N, K]");
+  }
   const int64_t M = xd[0], K = xd[1], L = wd[0];
-  const int64_t N = nk ? wd[1] : wd[2];
-  if ((nk ? wd[2] : wd[1]) != K) return ffi::Error::InvalidArgument("matmul: K of x and w differ");
+  const int64_t N = tile ? wd[1] * tile : nk ? wd[1] : wd[2];
+  if ((tile ? wd[2] : nk ? wd[2] : wd[1]) != K) return ffi::Error::InvalidArgument("matmul: K of x and w differ");
   const int64_t layer = std::clamp<int64_t>(index.typed_data()[0], 0, L - 1);
   const int64_t stride = K * N;
   if (w.element_type() == ffi::F32) {
-    matmul(pool, x.typed_data(), w.typed_data<float>() + layer * stride, y->typed_data(), M, K, N, nk);
+    matmul(pool, x.typed_data(), w.typed_data<float>() + layer * stride, y->typed_data(), M, K, N, nk, tile);
   } else if (w.element_type() == ffi::BF16) {
     const auto* base = reinterpret_cast<const uint16_t*>(w.untyped_data());
-    matmul(pool, x.typed_data(), base + layer * stride, y->typed_data(), M, K, N, nk);
+    matmul(pool, x.typed_data(), base + layer * stride, y->typed_data(), M, K, N, nk, tile);
   } else {
     return ffi::Error::InvalidArgument("matmul: weights must be float32 or bfloat16");
   }
@@ -165,4 +168,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(specjax_matmul, Matmul,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<bool>("nk"));
+                                  .Attr<bool>("nk")
+                                  .Attr<int64_t>("tile"));

@@ -10,20 +10,34 @@ import jax.numpy as jnp
 from pallas_kernels import ffi
 from pallas_kernels.ffi.batching import inference_only
 from pallas_kernels.matmul import reference
+from pallas_kernels.matmul.panels import PanelWeight
 
-MAX_ROWS = 64  # decode and verify rows; beyond, XLA's GEMM is compute-efficient
+MAX_ROWS = 64  # row-major weights: decode and verify rows; beyond, XLA's GEMM is as fast
 DTYPES = (jnp.float32, jnp.bfloat16)
+TILE = 64  # PanelWeight's column panel: a multiple of the kernel's column block on every build
+
+
+def preferred_layout(w):
+    """A float layer stack [..., K, N] as the kernel reads it fastest: column panels of TILE
+    when N allows, else as it is."""
+    return PanelWeight.of(w, TILE) if w.shape[-1] % TILE == 0 else w
 
 
 def supports(x, w) -> bool:
-    return x.shape[0] <= MAX_ROWS and w.dtype in DTYPES and ffi.available()
+    """Up to MAX_ROWS rows of a row-major weight; any number of a PanelWeight (measured faster
+    than XLA's GEMM at prefill's rows too, which would have to read the panels)."""
+    rows_ok = isinstance(w, PanelWeight) or x.shape[0] <= MAX_ROWS
+    return rows_ok and w.dtype in DTYPES and ffi.available()
 
 
 def _ffi(x, w, index, *, transposed):
-    stack = w if w.ndim == 3 else w[None]
-    n = stack.shape[1] if transposed else stack.shape[2]
+    n = w.shape[-2] if transposed else w.shape[-1]
+    tile = w.tile if isinstance(w, PanelWeight) else 0
+    stack = w.data if tile else w
+    stack = stack if w.ndim == 3 else stack[None]
     return jax.ffi.ffi_call("specjax_matmul", jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32))(
-        x.astype(jnp.float32), stack, jnp.asarray(index, jnp.int32).reshape(()), nk=transposed)
+        x.astype(jnp.float32), stack, jnp.asarray(index, jnp.int32).reshape(()), nk=transposed,
+        tile=tile)
 
 
 @functools.cache
@@ -39,7 +53,8 @@ def _kernel(transposed: bool):
 
 
 def matmul(x, w, index=None, transposed=False):
-    """As reference.matmul; x [M <= MAX_ROWS, K] float, w float32 or bfloat16."""
-    if x.shape[0] > MAX_ROWS:
+    """As reference.matmul; x [M, K] float, w float32 or bfloat16 (an array, then M <= MAX_ROWS,
+    or a PanelWeight)."""
+    if not isinstance(w, PanelWeight) and x.shape[0] > MAX_ROWS:
         return reference.matmul(x, w, index=index, transposed=transposed)
     return _kernel(transposed)(x, w, jnp.int32(0) if index is None else index)

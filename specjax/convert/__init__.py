@@ -11,6 +11,7 @@ from specjax.convert.gguf import load_gguf
 from specjax.convert.gguf_cache import gguf_tokenizer_folder, load_cached_gguf
 from specjax.convert.hf import load_hf, save_hf
 from specjax.convert.model_paths import resolve
+from specjax.layout import kernel_layout
 from specjax.models import Model
 from specjax.sharding import shard
 
@@ -27,7 +28,7 @@ def load(path: str | os.PathLike, dtype: str | None = None, mesh=None) -> Model:
         return load_checkpoint(found, mesh)
     else:
         model = load_hf(found, dtype=dtype)
-    return model if mesh is None else shard(model, mesh)
+    return Model(kernel_layout(model.params), model.config) if mesh is None else shard(model, mesh)
 
 
 def save(model: Model, path: str | os.PathLike, format: str = "specjax", *,

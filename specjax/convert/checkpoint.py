@@ -14,7 +14,8 @@ import orbax.checkpoint as ocp
 from pallas_kernels import QuantizedWeight
 from specjax import sharding
 from specjax.models import Model, ModelConfig, RopeScaling, init_params, lm_head_weight
-from specjax.quantize import quantize, relayout
+from specjax.layout import kernel_layout, portable_layout
+from specjax.quantize import quantize
 
 CONFIG_FILE = "specjax_config.json"
 FORMAT_VERSION = 1
@@ -28,8 +29,8 @@ def save_checkpoint(model: Model, path: str | os.PathLike) -> None:
     """Write `model` to the folder `path` (created; an existing checkpoint there is replaced)."""
     folder = Path(path).absolute()
     folder.mkdir(parents=True, exist_ok=True)
-    with ocp.StandardCheckpointer() as ckpt:  # quantized weights in the portable layout
-        ckpt.save(folder / "params", relayout(model.params, QuantizedWeight.untiled), force=True)
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(folder / "params", portable_layout(model.params), force=True)
     meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(model.config),
             "quantization": _quantization(model.params)}
     with open(folder / CONFIG_FILE, "w") as f:
@@ -52,7 +53,7 @@ def load_checkpoint(path: str | os.PathLike, mesh=None) -> Model:
     target = None if mesh is None else sharding.shardings(shapes, mesh, head_dim=config.head_dim)
     with ocp.StandardCheckpointer() as ckpt:
         params = ckpt.restore(folder / "params", sharding.abstract(shapes, target))
-    return Model(params if mesh is not None else relayout(params), config)
+    return Model(params if mesh is not None else kernel_layout(params), config)
 
 
 def _quantization(params) -> dict | None:
@@ -72,8 +73,7 @@ def _abstract_params(config: ModelConfig, quantization: dict | None):
     def build():
         model = Model(init_params(config, jax.random.key(0)), config)
         if quantization and "mode" in quantization:
-            return relayout(quantize(model, quantization["mode"], quantization["group_size"]).params,
-                            QuantizedWeight.untiled)
+            return portable_layout(quantize(model, quantization["mode"], quantization["group_size"]).params)
         params = jax.tree.map(lambda x: x, model.params)  # a copy to set leaves in
         for path, q in (quantization or {}).items():
             *parents, leaf = path.split("/")

@@ -18,6 +18,7 @@ from safetensors.flax import save_file
 from pallas_kernels import QuantizedWeight
 from specjax.models import Model, ModelConfig, param_shapes
 from specjax.models.params import LAYER, LLAMA, Param
+from specjax.layout import portable_layout
 from specjax.quantize import is_quantized
 
 # Tensor names are the declared `hf` names (specjax.models.params): per layer under
@@ -138,7 +139,7 @@ def _checked(t, key, want, transpose):
 
 def save_hf(model: Model, path: str | os.PathLike) -> None:
     """Write an HF folder (config.json + model.safetensors) that transformers loads."""
-    config, params = model.config, model.params
+    config, params = model.config, portable_layout(model.params)
     if is_quantized(model) or isinstance(params.get("lm_head"), QuantizedWeight):
         raise ValueError("cannot write a quantized model in HF format; save it with format='specjax'")
     hf_config = config.to_hf()  # first: it refuses a config its family's config.json cannot express

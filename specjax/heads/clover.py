@@ -39,6 +39,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax.layout import portable_layout
 from specjax.models import KVCache, ModelConfig, RopeScaling
 from specjax.models.llama import (
     attention_block,
@@ -142,7 +143,7 @@ def init(cfg: CloverConfig, key: jax.Array, target_params: dict) -> dict:
 
     last = cfg.target_num_layers - 1
     block = jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a[last], jnp.float32), (n, *a.shape[1:])),
-                         target_params["layers"])
+                         portable_layout(target_params["layers"]))
     final_norm = jnp.asarray(target_params["norm"], jnp.float32)
     return {"rnn1": rnn(k_rnn1), "rnn2": rnn(k_rnn2), "block": block, "norm": final_norm,
             "head_norm": final_norm, "w_mlp": eye + small(k_mlp, (e, e)), "b_mlp": jnp.zeros((e,), jnp.float32),

@@ -10,7 +10,8 @@ One function, `forward`, serves every use:
   see the row's whole committed prefix and the tree nodes the mask allows (their ancestors).
 
 Parameters are a nested dict, declared in `specjax.models.params`; the layers are stacked on a
-leading axis and scanned. Matmul weights are stored [in, out].
+leading axis and scanned. Matmul weights are [in, out]: arrays, QuantizedWeight, or on CPU
+PanelWeight (the same values in the column panels the matmul kernel reads fastest).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import QuantizedWeight, dequantize, quantized_matmul
-from pallas_kernels.matmul import matmul, runs_cpu_kernel
+from pallas_kernels.matmul import PanelWeight, matmul, runs_cpu_kernel
 from pallas_kernels.rms_norm import rms_norm as _rms_norm
 from pallas_kernels.tree_attention import tree_attention
 from specjax.models.cache import KVCache
@@ -56,7 +57,7 @@ class InPlace(NamedTuple):
     """Layer `index` of a stack [L, ...] of matmul weights, for a kernel that reads it in place
     (XLA would copy a slice out of the stack before handing it to a kernel)."""
 
-    stack: jax.Array | QuantizedWeight
+    stack: jax.Array | QuantizedWeight | PanelWeight
     index: jax.Array
 
 
@@ -64,9 +65,9 @@ def layer_params(layers: dict, index, in_place: bool) -> dict:
     """One layer's parameters from the stacked `layers`: the matmul weights as InPlace views
     when `in_place` (the CPU kernels run), everything sliced otherwise."""
     def one(w):
-        if in_place and (isinstance(w, QuantizedWeight) or w.ndim >= 3):
+        if in_place and (isinstance(w, (QuantizedWeight, PanelWeight)) or w.ndim >= 3):
             return InPlace(w, index)
-        return w.layer(index) if isinstance(w, QuantizedWeight) else w[index]
+        return w.layer(index) if isinstance(w, (QuantizedWeight, PanelWeight)) else w[index]
     return {name: one(w) for name, w in layers.items()}
 
 
@@ -88,14 +89,14 @@ def soft_cap(x, cap):
 def dense(x, w, out_dtype=None):
     """x [..., K] @ w [K, N], accumulated in float32, returned in `out_dtype` (default x's
     dtype). w may be an array, a QuantizedWeight (the quantized-matmul kernel, with the weight's
-    `act_bits`) or an InPlace layer of a stack; on CPU the few rows of a decode or verify step
-    run the matmul kernels."""
+    `act_bits`), a PanelWeight or an InPlace layer of a stack; on CPU the few rows of a decode or
+    verify step run the matmul kernels."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     rows = x.reshape(-1, x.shape[-1])
     stack, index = (w.stack, w.index) if isinstance(w, InPlace) else (w, None)
     if isinstance(stack, QuantizedWeight):
         y = quantized_matmul(rows, stack, index=index, act_bits=stack.act_bits, out_dtype=out_dtype)
-    elif index is not None or runs_cpu_kernel(rows.shape[0]):
+    elif index is not None or isinstance(stack, PanelWeight) or runs_cpu_kernel(rows.shape[0]):
         y = matmul(rows, stack, index=index).astype(out_dtype)
     else:
         return jnp.einsum("...k,kn->...n", x, w, preferred_element_type=jnp.float32).astype(out_dtype)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels import ffi, quantize
-from pallas_kernels.matmul import matmul
+from pallas_kernels.matmul import PanelWeight, matmul
+from pallas_kernels.matmul import cpu as matmul_cpu
 from pallas_kernels.matmul import reference as matmul_ref
 from pallas_kernels.quant_matmul import dequantize, quantized_matmul
 from pallas_kernels.quant_matmul import reference as quant_ref
@@ -50,13 +51,42 @@ def test_matmul_equals_reference(m, k, n, transposed):
 
 
 @pytest.mark.parametrize("m", [8, 13, 30])
-def test_matmul_rows_do_not_depend_on_their_neighbours(m):
-    # past 6 rows the kernel narrows its column blocks (or makes a second pass): each row's
+@pytest.mark.parametrize("panels", [False, True])
+def test_matmul_rows_do_not_depend_on_their_neighbours(m, panels):
+    # past 6 rows (3 on AVX2) the kernel makes another pass over the block: each row's
     # products still add up in the same order as alone, to the bit
     w = normal((1, 576, 384), 3)
+    w = PanelWeight.of(w, 64) if panels else w
     x = normal((m, 576), 4)
     run = jax.jit(lambda x: matmul(x, w, index=0, impl="cpu"))
     np.testing.assert_array_equal(run(x), jnp.concatenate([run(x[i:i + 1]) for i in range(m)]))
+
+
+@pytest.mark.parametrize("m", [1, 3, 6, 7, 13, 64, 200])
+@pytest.mark.parametrize("k,n", [(576, 1536), (577, 192), (40, 64)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_matmul_reads_column_panels(m, k, n, dtype):
+    # the same bits as the row-major weight (each output sums its products in the same order),
+    # at any number of rows (prefill's too: no row limit for panels)
+    x, w = normal((m, k), 1), normal((3, k, n), 2, dtype)
+    panels = matmul_cpu.preferred_layout(w)
+    assert isinstance(panels, PanelWeight) and panels.shape == w.shape
+    np.testing.assert_array_equal(panels.untiled(), w)
+    run = jax.jit(lambda x, w, i: matmul(x, w, index=i, impl="cpu"))
+    got = run(x, panels, 2)
+    close(got, matmul_ref.matmul(x, w, index=2))
+    close(matmul_ref.matmul(x, panels, index=2), matmul_ref.matmul(x, w, index=2))
+    if m <= matmul_cpu.MAX_ROWS:
+        np.testing.assert_array_equal(got, run(x, w, 2))
+    assert "specjax_matmul" in jax.jit(lambda x: matmul(x, panels, index=2, impl="cpu")).lower(x).as_text()
+    close(matmul(x, panels.layer(1), impl="cpu"), matmul_ref.matmul(x, w[1]))
+
+
+def test_only_widths_of_whole_panels_are_packed():
+    assert isinstance(matmul_cpu.preferred_layout(normal((2, 8, 128))), PanelWeight)
+    assert not isinstance(matmul_cpu.preferred_layout(normal((2, 8, 96))), PanelWeight)
+    with pytest.raises(ValueError, match="not a multiple of the tile"):
+        PanelWeight.of(normal((8, 96)), 64)
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -96,6 +126,18 @@ def test_matmul_gradient_is_the_references():
     loss = lambda impl: lambda x, w: (matmul(x, w, impl=impl) ** 2).sum()
     for got, want in zip(jax.grad(loss("cpu"), (0, 1))(x, w), jax.grad(loss("reference"), (0, 1))(x, w)):
         close(got, want)
+    panels = PanelWeight.of(normal((32, 128), 2), 64)
+    loss = lambda impl: lambda x, p: (matmul(x, p, impl=impl) ** 2).sum()
+    got, want = jax.grad(loss("cpu"), 1)(x, panels), jax.grad(loss("reference"), 1)(x, panels)
+    assert isinstance(got, PanelWeight)
+    close(got.data, want.data)
+
+
+def test_matmul_vmap_folds_batch_into_rows_of_panels():
+    x, w = normal((4, 3, 64), 1), normal((64, 128), 2)
+    f = jax.vmap(lambda x: matmul(x, PanelWeight.of(w, 64), impl="cpu"))
+    close(f(x), jnp.einsum("bmk,kn->bmn", x, w))
+    assert jax.jit(f).lower(x).as_text().count("specjax_matmul") == 1
 
 
 # ---- quantized matmul ----------------------------------------------------------------------------
