@@ -242,12 +242,14 @@ def gguf_source(family, folder):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_gguf_loads_with_norms_unfolded_once(family, tmp_path):
     from specjax.convert import load_gguf
+    from specjax.layout import portable_layout
     gguf = pytest.importorskip("gguf")
     hf = gguf_source(family, tmp_path / "hf")
     want = sj.load(tmp_path / "hf")
     got = load_gguf(write_gemma_gguf(hf, family, tmp_path / "m.gguf", gguf.GGMLQuantizationType.F32))
     assert got.config == want.config
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), got.params, want.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), got.params,
+                 portable_layout(want.params))
     tokens = jnp.asarray(np.random.RandomState(0).randint(3, 96, size=(2, 11)))
     np.testing.assert_allclose(sj.forward(got, tokens), hf_logits(hf, tokens), atol=1e-4, rtol=0)
 
