@@ -38,6 +38,17 @@ typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
 inline vf splat(float x) { return vf{} + x; }
+// a * b + c rounded once, spelled out: left to contraction, GCC fused the same expression in one
+// loop and not in another (the AVX2 build's LM head), and rows that must agree to the bit did not.
+inline vf fma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 
 // VL bfloat16 values -> float32 (a bfloat16 is the top half of a float32).
 inline vf load_bf16(const uint16_t* p) {

@@ -50,15 +50,16 @@ def test_matmul_equals_reference(m, k, n, transposed):
     close(got, matmul_ref.matmul(x, w, index=2, transposed=transposed))
 
 
-@pytest.mark.parametrize("m", [8, 13, 30])
-@pytest.mark.parametrize("panels", [False, True])
-def test_matmul_rows_do_not_depend_on_their_neighbours(m, panels):
-    # past 6 rows (3 on AVX2) the kernel makes another pass over the block: each row's
-    # products still add up in the same order as alone, to the bit
+@pytest.mark.parametrize("m", [2, 8, 13, 30])
+@pytest.mark.parametrize("layout", ["kn", "panels", "nk"])
+def test_matmul_rows_do_not_depend_on_their_neighbours(m, layout):
+    # past 6 rows (3 on AVX2) the kernel makes another pass over the block, and "nk" streams one
+    # column at a time for 1-2 rows but takes four past that: each row's products still add up
+    # in the same order as alone, to the bit
     w = normal((1, 576, 384), 3)
-    w = PanelWeight.of(w, 64) if panels else w
+    w = {"kn": w, "panels": PanelWeight.of(w, 64), "nk": jnp.swapaxes(w, 1, 2)}[layout]
     x = normal((m, 576), 4)
-    run = jax.jit(lambda x: matmul(x, w, index=0, impl="cpu"))
+    run = jax.jit(lambda x: matmul(x, w, index=0, transposed=layout == "nk", impl="cpu"))
     np.testing.assert_array_equal(run(x), jnp.concatenate([run(x[i:i + 1]) for i in range(m)]))
 
 
