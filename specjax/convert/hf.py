@@ -16,9 +16,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
 from pallas_kernels import QuantizedWeight
+from specjax.layout import portable_layout
 from specjax.models import Model, ModelConfig, param_shapes
 from specjax.models.params import LAYER, LLAMA, Param
-from specjax.layout import portable_layout
 from specjax.quantize import is_quantized
 
 # Tensor names are the declared `hf` names (specjax.models.params): per layer under
