@@ -3,7 +3,7 @@ row-major layout that checkpoints and HF folders hold. The values are the same e
 
 On CPU the kernels read quantized weights and the float layer stacks ([L, K, N] in
 params["layers"]) in column panels, where a block of output columns is one contiguous read
-(`pallas_kernels.QuantizedWeight.tile`, `pallas_kernels.matmul.PanelWeight`); elsewhere every
+(`pallas_kernels.QuantizedWeight.tile`, `pallas_kernels.PanelWeight`); elsewhere every
 weight stays row-major. `sj.load` gives the kernel layout; `sj.save` writes the portable one.
 """
 
