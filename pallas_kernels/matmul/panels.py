@@ -26,15 +26,13 @@ class PanelWeight:
     @classmethod
     def of(cls, w: jax.Array, tile: int) -> "PanelWeight":
         """w [..., K, N] in panels of `tile` columns (tile must divide N)."""
-        *lead, k, n = w.shape
-        if n % tile:
-            raise ValueError(f"N = {n} is not a multiple of the tile {tile}")
-        return cls(jnp.moveaxis(w.reshape(*lead, k, n // tile, tile), -2, -3), tile)
+        if w.shape[-1] % tile:
+            raise ValueError(f"N = {w.shape[-1]} is not a multiple of the tile {tile}")
+        return cls(to_panels(w, tile, 2), tile)
 
     def untiled(self) -> jax.Array:
         """The weight [..., K, N], row-major."""
-        *lead, panels, k, tile = self.data.shape
-        return jnp.moveaxis(self.data, -3, -2).reshape(*lead, k, panels * tile)
+        return from_panels(self.data, 2)
 
     def layer(self, index) -> "PanelWeight":
         """Layer `index` (may be traced) of a stack [L, ...] of weights."""
@@ -53,3 +51,15 @@ class PanelWeight:
     @property
     def dtype(self):
         return self.data.dtype
+
+
+def to_panels(a, tile: int, trailing: int):
+    """[..., *inner, N] (`trailing` = 1 + len(inner)) -> [..., N/tile, *inner, tile]: column
+    panels (PanelWeight's data; a QuantizedWeight's data and scales)."""
+    return jnp.moveaxis(a.reshape(*a.shape[:-1], -1, tile), -2, -trailing - 1)
+
+
+def from_panels(a, trailing: int):
+    """The inverse of to_panels."""
+    a = jnp.moveaxis(a, -trailing - 1, -2)
+    return a.reshape(*a.shape[:-2], -1)

@@ -23,6 +23,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.matmul.panels import from_panels, to_panels
+
 BITS = (8, 4)
 GROUP_SIZES = (32, 64, 128)
 
@@ -68,31 +70,20 @@ class QuantizedWeight:
             return self.untiled().tiled(tile)
         if self.out_features % tile:
             raise ValueError(f"N = {self.out_features} is not a multiple of the tile {tile}")
-        return dataclasses.replace(self, data=_to_panels(self.data, tile, 2),
-                                   scales=_to_panels(self.scales, tile, 3), tile=tile)
+        return dataclasses.replace(self, data=to_panels(self.data, tile, 2),
+                                   scales=to_panels(self.scales, tile, 3), tile=tile)
 
     def untiled(self) -> "QuantizedWeight":
         """The same weight in the row-major layout (data [..., K/P, N])."""
         if not self.tile:
             return self
-        return dataclasses.replace(self, data=_from_panels(self.data, 2),
-                                   scales=_from_panels(self.scales, 3), tile=0)
+        return dataclasses.replace(self, data=from_panels(self.data, 2),
+                                   scales=from_panels(self.scales, 3), tile=0)
 
     @property
     def shape(self) -> tuple[int, ...]:
         """The logical shape [..., K, N] of the weight."""
         return (*self.lead_shape, self.in_features, self.out_features)
-
-
-def _to_panels(a, tile: int, trailing: int):
-    """[..., *inner, N] (`trailing` = 1 + len(inner)) -> [..., N/tile, *inner, tile]."""
-    return jnp.moveaxis(a.reshape(*a.shape[:-1], -1, tile), -2, -trailing - 1)
-
-
-def _from_panels(a, trailing: int):
-    """The inverse of _to_panels."""
-    a = jnp.moveaxis(a, -trailing - 1, -2)
-    return a.reshape(*a.shape[:-2], -1)
 
 
 def _check_format(bits: int, group_size: int, k: int):
