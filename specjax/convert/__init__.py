@@ -22,13 +22,15 @@ def load(path: str | os.PathLike, dtype: str | None = None, mesh=None) -> Model:
     `mesh` (jax.sharding.Mesh, axes 'data'/'model'), laid out on it as `sj.shard` does (a
     specjax checkpoint is read straight into its shards)."""
     found = resolve(path)
-    if found.suffix == ".gguf":
-        model = load_cached_gguf(found, dtype)
-    elif is_checkpoint(found):
+    if is_checkpoint(found):
         return load_checkpoint(found, mesh)
+    if found.suffix == ".gguf":
+        model = load_cached_gguf(found, dtype)  # in the kernels' layout, as a checkpoint loads
     else:
         model = load_hf(found, dtype=dtype)
-    return Model(kernel_layout(model.params), model.config) if mesh is None else shard(model, mesh)
+        if mesh is None:
+            return Model(kernel_layout(model.params), model.config)
+    return model if mesh is None else shard(model, mesh)
 
 
 def save(model: Model, path: str | os.PathLike, format: str = "specjax", *,

@@ -21,6 +21,7 @@ from pathlib import Path
 from specjax.convert.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
 from specjax.convert.gguf import load_gguf, read_gguf
 from specjax.convert.gguf_tokenizer import gguf_tokenizer
+from specjax.layout import kernel_layout
 from specjax.models import Model
 
 
@@ -48,7 +49,7 @@ def load_cached_gguf(gguf_path: Path, dtype: str | None = None) -> Model:
         return load_checkpoint(folder)
     model = load_gguf(gguf_path, dtype)
     _write_atomically(folder, lambda tmp: save_checkpoint(model, tmp))
-    return model
+    return Model(kernel_layout(model.params), model.config)  # as load_checkpoint lays it out
 
 
 def gguf_tokenizer_folder(gguf_path: Path) -> Path:
