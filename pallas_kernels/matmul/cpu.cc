@@ -146,10 +146,14 @@ void matmul(ffi::ThreadPool& pool, const float* x, const W* w, float* y, int64_t
     const int64_t tasks = (N + per_task - 1) / per_task;
     parallel_for(pool, tasks, [&](int64_t t) {
       const int64_t end = std::min(N, (t + 1) * per_task);
-      for (int64_t n = t * per_task; n < end; n += M <= NK_STREAM_ROWS ? 1 : NK_COLS) {
-        if (M <= NK_STREAM_ROWS) with_rows<NK_STREAM_ROWS>(M, [&](auto r) { nk_stream<decltype(r)::value>(x, w, y, K, N, n); });
-        else nk_columns(x, w, y, M, K, N, n, int(std::min<int64_t>(NK_COLS, end - n)));
+      if (M <= NK_STREAM_ROWS) {
+        with_rows<NK_STREAM_ROWS>(M, [&](auto r) {
+          for (int64_t n = t * per_task; n < end; ++n) nk_stream<decltype(r)::value>(x, w, y, K, N, n);
+        });
+        return;
       }
+      for (int64_t n = t * per_task; n < end; n += NK_COLS)
+        nk_columns(x, w, y, M, K, N, n, int(std::min<int64_t>(NK_COLS, end - n)));
     });
     return;
   }
