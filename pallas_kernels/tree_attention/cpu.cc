@@ -22,7 +22,7 @@ using namespace specjax_cpu;
 
 namespace {
 
-constexpr int64_t CHUNK = 256;  // positions per task
+constexpr int64_t CHUNK = 64;  // positions per task
 constexpr int SB = 16;          // positions scored together (one exp per vector of scores)
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
