@@ -143,7 +143,7 @@ void parallel_for(xla::ffi::ThreadPool& pool, int64_t n, F body) {
   };
   struct Shared {
     std::unique_ptr<Range[]> ranges;
-    std::atomic<int64_t> started{1}, done{0};
+    std::atomic<int64_t> done{0};
   };
   auto shared = std::make_shared<Shared>();
   shared->ranges.reset(new Range[workers]);
@@ -170,8 +170,7 @@ void parallel_for(xla::ffi::ThreadPool& pool, int64_t n, F body) {
       }
     }
   };
-  for (int64_t t = 1; t < workers; ++t)
-    pool.Schedule([shared, work] { work(shared->started.fetch_add(1)); });
+  for (int64_t t = 1; t < workers; ++t) pool.Schedule([work, t] { work(t); });
   work(0);
   while (shared->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
 }
