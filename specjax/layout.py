@@ -4,7 +4,8 @@ row-major layout that checkpoints and HF folders hold. The values are the same e
 On CPU the kernels read quantized weights and the float layer stacks ([L, K, N] in
 params["layers"]) in column panels, where a block of output columns is one contiguous read
 (`pallas_kernels.QuantizedWeight.tile`, `pallas_kernels.PanelWeight`); elsewhere every
-weight stays row-major. `sj.load` gives the kernel layout; `sj.save` writes the portable one.
+weight stays row-major and each layer's weights get their own buffers
+(`specjax.models.layer_list.LayerList`: XLA's GPU matmuls would copy a slice of a stack). `sj.load` gives the kernel layout; `sj.save` writes the portable one.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ import pallas_kernels
 from pallas_kernels import QuantizedWeight
 from pallas_kernels.matmul import PanelWeight
 from pallas_kernels.matmul import kernel_layout as float_kernel_layout
+from specjax.models.layer_list import LayerList, is_split
 from specjax.quantize import map_quantized
 
 
 def kernel_layout(params: dict) -> dict:
     """params laid out as the default backend's kernels read them fastest."""
     params = map_quantized(params, pallas_kernels.kernel_layout)
-    if "layers" not in params:
+    if "layers" not in params or is_split(params["layers"]):
         return params
+    if jax.default_backend() != "cpu":
+        return {**params, "layers": {name: LayerList.split(w) for name, w in params["layers"].items()}}
     float_stack = lambda w: isinstance(w, jax.Array) and w.ndim == 3 and jnp.issubdtype(w.dtype, jnp.floating)
     layers = {name: float_kernel_layout(w) if float_stack(w) else w
               for name, w in params["layers"].items()}
@@ -32,6 +36,6 @@ def kernel_layout(params: dict) -> dict:
 
 def portable_layout(params):
     """params (or any pytree holding weights) in the row-major layout: every QuantizedWeight
-    untiled, every PanelWeight back to its [..., K, N] array."""
-    laid_out = lambda x: isinstance(x, (QuantizedWeight, PanelWeight))
+    untiled, every PanelWeight back to its [..., K, N] array, every LayerList re-stacked."""
+    laid_out = lambda x: isinstance(x, (QuantizedWeight, PanelWeight, LayerList))
     return jax.tree.map(lambda x: x.untiled() if laid_out(x) else x, params, is_leaf=laid_out)

@@ -21,6 +21,7 @@ import pallas_kernels
 from pallas_kernels.matmul import PanelWeight
 from pallas_kernels.quant_matmul.weight import GROUP_SIZES
 from specjax.models import Model
+from specjax.models.layer_list import LayerList
 from specjax.models.params import LLAMA, leaves
 
 MODES = {"int8": 8, "int4": 4}
@@ -38,7 +39,8 @@ def largest_group(k: int, bits: int) -> int:
 def is_quantized(model: Model) -> bool:
     """Whether `model`'s layer weights are quantized (`QuantizedWeight`s: `quantize`, a Q8_0 /
     Q4_0 GGUF)."""
-    return any(isinstance(w, pallas_kernels.QuantizedWeight) for w in model.params["layers"].values())
+    first = lambda w: w.layers[0] if isinstance(w, LayerList) else w
+    return any(isinstance(first(w), pallas_kernels.QuantizedWeight) for w in model.params["layers"].values())
 
 
 def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
@@ -51,6 +53,8 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
     def one(name, w, bits=MODES[mode]):
+        if isinstance(w, LayerList):
+            return w.map(lambda layer: one(name, layer))
         if isinstance(w, pallas_kernels.QuantizedWeight):
             raise ValueError(f"{name} is already quantized")
         try:

@@ -38,6 +38,7 @@ from jax.tree_util import DictKey
 from pallas_kernels.matmul import PanelWeight
 from specjax import heads
 from specjax.models import KVCache, params
+from specjax.models.layer_list import LayerList
 
 DATA, MODEL = "data", "model"
 
@@ -129,9 +130,10 @@ def shardings(tree, mesh: Mesh, *, head_dim: int | None = None, fsdp: bool = Fal
 
 def shard(tree, mesh: Mesh, *, head_dim: int | None = None, fsdp: bool = False):
     """Lay a Model, a drafter, params or optimizer state out over `mesh` (see `specs`). Float
-    weights in column panels (`sj.load`'s layout for the CPU kernel) go back to row-major: on a
-    mesh XLA's partitioned code runs, and the rules read row-major axes."""
-    panels = lambda x: isinstance(x, PanelWeight)
+    weights in column panels (`sj.load`'s layout for the CPU kernel) go back to row-major and
+    LayerLists (its layout off the CPU) to stacks: on a mesh XLA's partitioned code runs, and
+    the rules read row-major axes of stacked layers."""
+    panels = lambda x: isinstance(x, (PanelWeight, LayerList))
     tree = jax.tree.map(lambda x: x.untiled() if panels(x) else x, tree, is_leaf=panels)
     return jax.device_put(tree, shardings(tree, mesh, head_dim=head_dim, fsdp=fsdp))
 

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 import specjax as sj
+from specjax.layout import kernel_layout
 from specjax.models import KVCache, ModelConfig, forward
 
 from step_cost import CACHED, SHAPES
@@ -71,6 +72,7 @@ def main():
     model = sj.Model.init(config, jax.random.key(0))
     if args.dtype == "int4":
         model = sj.quantize(model, "int4")
+    model = sj.Model(kernel_layout(model.params), config)  # as sj.load lays it out
     dev = jax.devices()[0]
     lines = [f"# {args.shape} {args.dtype} forward on {dev.device_kind} ({jax.default_backend()}), jax "
              f"{jax.__version__}, {CACHED} cached tokens", ""]

@@ -36,7 +36,7 @@ if runs tests; then
   tests=$?
 fi
 if runs step_cost; then
-  timeout 150 "$PYTHON" benchmarks/gpu/step_cost.py --shapes 8b 1b --batch 1 16 64 --tokens 1 4 16 64 \
+  timeout 150 "$PYTHON" benchmarks/gpu/step_cost.py --shapes 8b 1b --layouts loaded stacked --batch 1 16 --tokens 1 4 16 64 \
     --out "$OUT" 2>&1 | tee "$OUT/step_cost.log"
 fi
 if runs profile; then

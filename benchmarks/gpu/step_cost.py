@@ -2,8 +2,10 @@
 over N tree nodes; N = 1 is an AR step) after 512 cached ones, for 1B- and 8B-shaped Llama
 models with random weights, in bf16 and int4 (weight-only, group 128, the Pallas kernel), at
 batch 1, 4, 16 and 64. Each time is a compiled loop of forwards, as the decode loop runs them
-(no dispatch in the figure), the least of `--reps`. Next to the AR step: the time to read the
-weights once at the device's HBM bandwidth, the floor of a batch-1 step.
+(no dispatch in the figure), the least of `--reps`, with the weights as `sj.load` lays them out
+(off the CPU: one buffer per layer) and, with `--layouts loaded stacked`, stacked and scanned.
+Next to the AR step: the time to read the weights once at the device's HBM bandwidth, the floor
+of a batch-1 step.
 
     python benchmarks/gpu/step_cost.py --out DIR     # on a GPU (run_all.sh runs it)
     python benchmarks/gpu/step_cost.py --smoke       # a tiny shape, any backend: does it run
@@ -12,6 +14,7 @@ weights once at the device's HBM bandwidth, the floor of a batch-1 step.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import jax
 
 import specjax as sj
 from specjax.bench.forward_cost import forward_seconds
+from specjax.layout import kernel_layout
 from specjax.models import ModelConfig
 
 CACHED = 512
@@ -46,6 +50,9 @@ def main():
     ap.add_argument("--loop", type=int, default=10, help="forwards per timed loop")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None, help="folder for step_cost.json / step_cost.md")
+    ap.add_argument("--layouts", nargs="+", default=["loaded"], choices=["loaded", "stacked"],
+                    help="the weights as sj.load lays them out (off the CPU: one buffer per layer) "
+                         "and/or stacked [L, ...] and scanned")
     ap.add_argument("--smoke", action="store_true", help="the tiny shape at batch 1 and 4, N = 1 and 4")
     args = ap.parse_args()
     if args.smoke:
@@ -59,18 +66,20 @@ def main():
     for shape in args.shapes:
         config = ModelConfig(model_type="llama", max_position_embeddings=8192, dtype="bfloat16", **SHAPES[shape])
         model = sj.Model.init(config, jax.random.key(0))
-        for dtype in args.dtypes:
+        for dtype, layout in itertools.product(args.dtypes, args.layouts):
             m = sj.quantize(model, "int4") if dtype == "int4" else model
+            if layout == "loaded":
+                m = sj.Model(kernel_layout(m.params), m.config)
             size = weight_bytes(m)
             floor = f", weight-read floor {1e3 * size / bandwidth:.2f} ms" if bandwidth else ""
-            md += [f"### {shape}, {dtype}: {size / 2**30:.2f} GiB of weights{floor}", "",
+            md += [f"### {shape}, {dtype}, {layout} layout: {size / 2**30:.2f} GiB of weights{floor}", "",
                    "| batch | " + " | ".join(f"N={n}" for n in args.tokens) + " |",
                    "|---" * (len(args.tokens) + 1) + "|"]
             for b in args.batch:
                 ms = {n: 1e3 * forward_seconds(m, b, n, cached=CACHED, cache_len=CACHED + n, loop=args.loop,
                                                reps=args.reps) for n in args.tokens}
                 for n, t in ms.items():
-                    rows.append(dict(shape=shape, dtype=dtype, batch=b, tokens=n, ms=round(t, 4),
+                    rows.append(dict(shape=shape, dtype=dtype, layout=layout, batch=b, tokens=n, ms=round(t, 4),
                                      vs_ar=round(t / ms[1], 3), weight_bytes=size, device=dev.device_kind))
                 md.append(f"| {b} | " + " | ".join(f"{t:.2f} ms ({t / ms[1]:.2f}x)" for t in ms.values()) + " |")
                 print(md[-1], flush=True)

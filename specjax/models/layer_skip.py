@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from pallas_kernels.matmul import runs_cpu_kernel
-from specjax.models.llama import (attention_output, attention_qkv, layer_params,
+from specjax.models.layer_list import is_split
+from specjax.models.llama import (attention_output, attention_qkv, layer_loop, layer_params,
                                   layer_rope_and_windows, lm_head, mlp_residual, norm)
 
 
@@ -50,7 +51,8 @@ def skip_forward(config: ModelConfig, params: dict, tokens: jax.Array, cache: KV
         x = x * jnp.asarray(c.hidden_size ** 0.5, x.dtype)
     inv_freqs, windows = layer_rope_and_windows(c)
     layers = params["layers"]
-    in_place = runs_cpu_kernel(b * t)  # the CPU kernels read weights and cache from their stacks
+    split = is_split(layers)  # LayerLists: a loop unrolled at trace time reads each layer's buffers
+    in_place = not split and runs_cpu_kernel(b * t)  # the CPU kernels read weights and cache from their stacks
 
     def layer(x, xs):
         i, k_blk, v_blk, attn_on, mlp_on, inv_freq, window = xs
@@ -72,8 +74,8 @@ def skip_forward(config: ModelConfig, params: dict, tokens: jax.Array, cache: KV
                          lambda x: x, x)
         return x, (k_blk, v_blk)
 
-    x, block = jax.lax.scan(layer, x, (jnp.arange(c.num_layers), *block, keep_attn.T, keep_mlp.T,
-                                       inv_freqs, windows))
+    x, block = layer_loop(layer, x, (jnp.arange(c.num_layers), *block, keep_attn.T, keep_mlp.T,
+                                     inv_freqs, windows), unrolled=split)
     return norm(c, x, params["norm"]), block
 
 

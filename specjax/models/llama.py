@@ -10,7 +10,8 @@ One function, `forward`, serves every use:
   see the row's whole committed prefix and the tree nodes the mask allows (their ancestors).
 
 Parameters are a nested dict, declared in `specjax.models.params`; the layers are stacked on a
-leading axis and scanned. Matmul weights are [in, out]: arrays, QuantizedWeight, or on CPU
+leading axis and scanned, or (`sj.load` off the CPU) held as LayerLists, one buffer per layer,
+and run by a loop unrolled at trace time. Matmul weights are [in, out]: arrays, QuantizedWeight, or on CPU
 PanelWeight (the same values in the column panels the matmul kernel reads fastest).
 """
 
@@ -28,6 +29,7 @@ from pallas_kernels.rms_norm import rms_norm as _rms_norm
 from pallas_kernels.tree_attention import tree_attention
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
+from specjax.models.layer_list import LayerList, is_split
 
 
 class ForwardOutput(NamedTuple):
@@ -62,13 +64,26 @@ class InPlace(NamedTuple):
 
 
 def layer_params(layers: dict, index, in_place: bool) -> dict:
-    """One layer's parameters from the stacked `layers`: the matmul weights as InPlace views
-    when `in_place` (the CPU kernels run), everything sliced otherwise."""
+    """One layer's parameters from `layers` (stacks, or LayerLists with a Python int index):
+    the matmul weights as InPlace views when `in_place` (the CPU kernels run), everything
+    sliced otherwise."""
     def one(w):
         if in_place and (isinstance(w, (QuantizedWeight, PanelWeight)) or w.ndim >= 3):
             return InPlace(w, index)
-        return w.layer(index) if isinstance(w, (QuantizedWeight, PanelWeight)) else w[index]
+        return w.layer(index) if isinstance(w, (QuantizedWeight, PanelWeight, LayerList)) else w[index]
     return {name: one(w) for name, w in layers.items()}
+
+
+def layer_loop(body, x, xs, unrolled: bool):
+    """`jax.lax.scan(body, x, xs)` over the layers, xs[0] being their indices; `unrolled`
+    runs it as a loop at trace time, each layer's index a Python int (for LayerList weights)."""
+    if not unrolled:
+        return jax.lax.scan(body, x, xs)
+    outs = []
+    for i in range(xs[0].shape[0]):
+        x, out = body(x, (i, *jax.tree.map(lambda a: a[i], xs[1:])))
+        outs.append(out)
+    return x, jax.tree.map(lambda *ys: jnp.stack(ys), *outs)
 
 
 def rms_norm(x, w, eps, offset=0.0):
@@ -254,15 +269,19 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         k_cache, v_cache, lengths = cache
 
     # On CPU a decode or verify forward runs kernels that read each layer's weights and cache
-    # from their stacks in place; otherwise the scan slices them (as its xs, which training's
-    # gradient needs).
-    in_place = runs_cpu_kernel(b * x.shape[1])
-    stacks = (params["layers"], k_cache, v_cache)
+    # from their stacks in place; LayerList weights (sj.load's layout off the CPU) are read
+    # from their own buffers by a loop unrolled at trace time; otherwise the scan slices the
+    # stacks (as its xs, which training's gradient needs).
+    split = is_split(params["layers"])
+    in_place = not split and runs_cpu_kernel(b * x.shape[1])
+    stacks = (k_cache, v_cache) if split else (params["layers"], k_cache, v_cache)
 
     def layer(x, xs):
         index, inv_freq, window = xs[:3]
         if in_place:
             lp, k_layer, v_layer = layer_params(params["layers"], index, True), k_cache, v_cache
+        elif split:
+            lp, (k_layer, v_layer) = layer_params(params["layers"], index, False), xs[3:]
         else:
             lp, k_layer, v_layer = xs[3:]
         if inject is not None and inject.layer > 0:
@@ -278,7 +297,7 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         return x, (k_new, v_new, x if return_layers else None)
 
     xs = (jnp.arange(c.num_layers), inv_freqs, windows, *(() if in_place else stacks))
-    x, (k_new, v_new, per_layer) = jax.lax.scan(layer, x, xs)
+    x, (k_new, v_new, per_layer) = layer_loop(layer, x, xs, unrolled=split)
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
     hidden = norm(c, x, params["norm"])
     logits = lm_head(config, params, hidden) if compute_logits else None
