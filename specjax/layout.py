@@ -4,7 +4,7 @@ row-major layout that checkpoints and HF folders hold. The values are the same e
 On CPU the kernels read quantized weights and the float layer stacks ([L, K, N] in
 params["layers"]) in column panels, where a block of output columns is one contiguous read
 (`pallas_kernels.QuantizedWeight.tile`, `pallas_kernels.PanelWeight`); elsewhere every
-weight stays row-major and each layer's weights get their own buffers
+weight stays row-major, and on a GPU each layer's weights get their own buffers
 (`specjax.models.layer_list.LayerList`: XLA's GPU matmuls would copy a slice of a stack). `sj.load` gives the kernel layout; `sj.save` writes the portable one.
 """
 
@@ -26,7 +26,7 @@ def kernel_layout(params: dict) -> dict:
     params = map_quantized(params, pallas_kernels.kernel_layout)
     if "layers" not in params or is_split(params["layers"]):
         return params
-    if jax.default_backend() != "cpu":
+    if jax.default_backend() == "gpu":
         return {**params, "layers": {name: LayerList.split(w) for name, w in params["layers"].items()}}
     float_stack = lambda w: isinstance(w, jax.Array) and w.ndim == 3 and jnp.issubdtype(w.dtype, jnp.floating)
     layers = {name: float_kernel_layout(w) if float_stack(w) else w

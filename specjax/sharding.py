@@ -131,7 +131,7 @@ def shardings(tree, mesh: Mesh, *, head_dim: int | None = None, fsdp: bool = Fal
 def shard(tree, mesh: Mesh, *, head_dim: int | None = None, fsdp: bool = False):
     """Lay a Model, a drafter, params or optimizer state out over `mesh` (see `specs`). Float
     weights in column panels (`sj.load`'s layout for the CPU kernel) go back to row-major and
-    LayerLists (its layout off the CPU) to stacks: on a mesh XLA's partitioned code runs, and
+    LayerLists (its layout on a GPU) to stacks: on a mesh XLA's partitioned code runs, and
     the rules read row-major axes of stacked layers."""
     panels = lambda x: isinstance(x, (PanelWeight, LayerList))
     tree = jax.tree.map(lambda x: x.untiled() if panels(x) else x, tree, is_leaf=panels)

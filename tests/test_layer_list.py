@@ -1,4 +1,4 @@
-"""Layer weights held one buffer per layer (LayerList, `sj.load`'s layout off the CPU) against
+"""Layer weights held one buffer per layer (LayerList, `sj.load`'s layout on a GPU) against
 the stacked layout: the same forward, the same greedy tokens (AR, a tree drafter, the
 layer-skipping drafter), exact round trips through the portable layout, quantization, saving and
 sharding, and a loop unrolled at trace time instead of a scan (the point of the layout)."""
@@ -72,7 +72,9 @@ def test_portable_quantized_saved_and_sharded_forms_are_exact(target, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, sharded.params["layers"], target.params["layers"])
 
 
-def test_load_splits_the_layers_off_the_cpu_only(target, monkeypatch):
+def test_load_splits_the_layers_on_a_gpu_only(target, monkeypatch):
+    assert not is_split(kernel_layout(target.params)["layers"])
+    monkeypatch.setattr(specjax.layout.jax, "default_backend", lambda: "tpu")
     assert not is_split(kernel_layout(target.params)["layers"])
     monkeypatch.setattr(specjax.layout.jax, "default_backend", lambda: "gpu")
     laid_out = kernel_layout(target.params)

@@ -3,7 +3,7 @@ over N tree nodes; N = 1 is an AR step) after 512 cached ones, for 1B- and 8B-sh
 models with random weights, in bf16 and int4 (weight-only, group 128, the Pallas kernel), at
 batch 1, 4, 16 and 64. Each time is a compiled loop of forwards, as the decode loop runs them
 (no dispatch in the figure), the least of `--reps`, with the weights as `sj.load` lays them out
-(off the CPU: one buffer per layer) and, with `--layouts loaded stacked`, stacked and scanned.
+(on a GPU: one buffer per layer) and, with `--layouts loaded stacked`, stacked and scanned.
 Next to the AR step: the time to read the weights once at the device's HBM bandwidth, the floor
 of a batch-1 step.
 
@@ -51,7 +51,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None, help="folder for step_cost.json / step_cost.md")
     ap.add_argument("--layouts", nargs="+", default=["loaded"], choices=["loaded", "stacked"],
-                    help="the weights as sj.load lays them out (off the CPU: one buffer per layer) "
+                    help="the weights as sj.load lays them out (on a GPU: one buffer per layer) "
                          "and/or stacked [L, ...] and scanned")
     ap.add_argument("--smoke", action="store_true", help="the tiny shape at batch 1 and 4, N = 1 and 4")
     args = ap.parse_args()

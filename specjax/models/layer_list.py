@@ -1,5 +1,5 @@
 """A layer stack [L, ...] held as L separate buffers: how `sj.load` lays out the layer weights
-off the CPU.
+on a GPU.
 
 Scanned over a stack, each layer's weights are a slice of it, and XLA's GPU matmuls (Triton
 fusions) take no slice as an operand: every layer's weights are copied out before their
@@ -7,7 +7,7 @@ matmuls, so a decode step reads each weight twice and writes it once. Held as on
 layer and run by a layer loop unrolled at trace time (`specjax.models.llama.layer_loop`), each
 matmul reads its weights where they lie (on an H200, the 8B-shaped bf16 decode step 13.6 ->
 6.9 ms: benchmarks/gpu/h200-2026-11-27b). The CPU kernels read layers from their stacks in
-place and keep the stacked layout.
+place and keep the stacked layout; so does a TPU (not measured there).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ One function, `forward`, serves every use:
   see the row's whole committed prefix and the tree nodes the mask allows (their ancestors).
 
 Parameters are a nested dict, declared in `specjax.models.params`; the layers are stacked on a
-leading axis and scanned, or (`sj.load` off the CPU) held as LayerLists, one buffer per layer,
+leading axis and scanned, or (`sj.load` on a GPU) held as LayerLists, one buffer per layer,
 and run by a loop unrolled at trace time. Matmul weights are [in, out]: arrays, QuantizedWeight, or on CPU
 PanelWeight (the same values in the column panels the matmul kernel reads fastest).
 """
@@ -269,7 +269,7 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         k_cache, v_cache, lengths = cache
 
     # On CPU a decode or verify forward runs kernels that read each layer's weights and cache
-    # from their stacks in place; LayerList weights (sj.load's layout off the CPU) are read
+    # from their stacks in place; LayerList weights (sj.load's layout on a GPU) are read
     # from their own buffers by a loop unrolled at trace time; otherwise the scan slices the
     # stacks (as its xs, which training's gradient needs).
     split = is_split(params["layers"])
