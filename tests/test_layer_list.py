@@ -64,9 +64,10 @@ def test_portable_quantized_saved_and_sharded_forms_are_exact(target, tmp_path):
     assert is_quantized(q) and is_split(q.params["layers"])
     jax.tree.map(np.testing.assert_array_equal, portable_layout(q.params),
                  portable_layout(sj.quantize(target, "int8").params))
-    sj.save(listed, tmp_path / "ckpt")
-    jax.tree.map(np.testing.assert_array_equal, portable_layout(sj.load(tmp_path / "ckpt").params),
-                 portable_layout(target.params))
+    for model, want, name in ((listed, target, "float"), (q, sj.quantize(target, "int8"), "int8")):
+        sj.save(model, tmp_path / name)
+        jax.tree.map(np.testing.assert_array_equal, portable_layout(sj.load(tmp_path / name).params),
+                     portable_layout(want.params))
     sharded = sj.shard(listed, sj.sharding.make_mesh((1, 1)))
     assert not is_split(sharded.params["layers"])
     jax.tree.map(np.testing.assert_array_equal, sharded.params["layers"], target.params["layers"])

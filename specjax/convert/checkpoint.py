@@ -29,10 +29,11 @@ def save_checkpoint(model: Model, path: str | os.PathLike) -> None:
     """Write `model` to the folder `path` (created; an existing checkpoint there is replaced)."""
     folder = Path(path).absolute()
     folder.mkdir(parents=True, exist_ok=True)
+    params = portable_layout(model.params)
     with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(folder / "params", portable_layout(model.params), force=True)
+        ckpt.save(folder / "params", params, force=True)
     meta = {"format_version": FORMAT_VERSION, "config": dataclasses.asdict(model.config),
-            "quantization": _quantization(model.params)}
+            "quantization": _quantization(params)}
     with open(folder / CONFIG_FILE, "w") as f:
         json.dump(meta, f, indent=2)
 
