@@ -48,8 +48,9 @@ def test_bench_dllm_end_to_end(dllm_folder, tmp_path, capsys):
     assert [(c["task"], c["k"]) for c in closed] == [(t, k) for t in ("copy", "shuffle") for k in dllm.CLOSED_FORM_K]
     assert all(c["closed_form"] == 1.0 for c in closed if c["task"] == "copy")
     assert {c["greedy"] is None for c in closed if c["k"] > 1} == {True}  # topk-k did not run
+    assert all(0 <= c["random_order"] <= 1 and c["random_order_se"] >= 0 for c in closed)
     md = (out / "results.md").read_text()
-    assert "### deterministic tasks" in md and "### dependent tasks" in md and "closed form" in md
+    assert "### deterministic tasks" in md and "### dependent tasks" in md and "RandomK(k), temperature 1" in md
     assert "FREEDAVE DIFFERS" not in md and result["command"].startswith("python -m specjax bench --dllm")
     assert (out / dllm.PLOT).stat().st_size > 0
     assert "wrote" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
 import specjax as sj
 from specjax import diffusion as dd
@@ -80,6 +81,32 @@ def test_topk_threshold_entropy_and_localleap_match_slow_references():
         return conf[r, i] >= np.float32(tau)
     np.testing.assert_array_equal(np.asarray(rule.select(pred, ctx, ())), _slow(conf, eligible, relaxed))
     assert np.asarray(rule.select(pred, ctx, ())).sum() > np.asarray(dd.Threshold(0.9).select(pred, ctx, ())).sum()
+
+
+def test_random_k_draws_k_eligible_positions_uniformly_whatever_the_confidences():
+    """One row with 6 eligible of 12 positions (confidences all different), 3000 keys: RandomK(2)
+    takes exactly 2 eligible positions, each eligible one 1/3 of the time (chi-square, 5 degrees
+    of freedom, p > 1e-4); TopK(2) on the same keys (the negative control) always takes the same
+    two, which the statistic rejects."""
+    rng = np.random.default_rng(5)
+    eligible = np.zeros((1, 12), bool)
+    eligible[0, rng.choice(12, 6, replace=False)] = True
+    pred = Prediction(jnp.zeros((1, 12), jnp.int32), jnp.asarray(rng.permutation(12)[None] / 12, jnp.float32),
+                      jnp.zeros((1, 12), jnp.float32))
+    pick = jax.jit(jax.vmap(lambda rule, key: rule.select(pred, Context(jnp.asarray(eligible), jnp.zeros(1, jnp.int32),
+                                                                      jnp.array(True), key), ())[0],
+                            in_axes=(None, 0)), static_argnums=0)
+    keys = jax.random.split(jax.random.key(0), 3000)
+
+    def pvalue(chosen):
+        assert (chosen.sum(-1) == 2).all() and not chosen[:, ~eligible[0]].any()
+        counts = chosen[:, eligible[0]].sum(0)
+        return scipy.stats.chisquare(counts, np.full(6, counts.sum() / 6)).pvalue
+
+    assert pvalue(np.asarray(pick(dd.RandomK(2), keys))) > 1e-4
+    assert pvalue(np.asarray(pick(dd.TopK(2), keys))) < 1e-10
+    with pytest.raises(ValueError, match="needs a key"):
+        dd.RandomK(2).select(pred, Context(jnp.asarray(eligible), jnp.zeros(1, jnp.int32), jnp.array(True)), ())
 
 
 def test_factor_rule_matches_the_reference_loop_but_its_last_index_quirk():

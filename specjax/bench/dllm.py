@@ -4,8 +4,9 @@ For each task of `specjax.data.parallel_bench`, N seeded examples decode with ea
 sampler (`SAMPLERS`); a row per (task, sampler, cache) holds accuracy (the task's `check` on
 the decoded output), forwards per example (NFE), tokens per forward and tokens/s (the jit
 warm-up excluded). Beside them, the closed-form accuracy of copy / replace_random / shuffle at
-k tokens per step (a perfect model sampling each position from its marginal) next to TopK(k)
-measured the same way (temperature 1) and greedy. Written to results.json, results.md (one
+k tokens per step (a perfect model sampling each position from its marginal) next to RandomK(k)
+(positions drawn at random, as the closed form assumes) and TopK(k) measured the same way
+(temperature 1), and TopK(k) greedy. Written to results.json, results.md (one
 table per task group) and quality_vs_parallelism.png.
 
 The model must be a masked-diffusion LM (`ModelConfig.mask_token_id`) on parallel_bench's
@@ -27,7 +28,7 @@ import numpy as np
 
 from specjax.bench.report import machine
 from specjax.data import parallel_bench as pb
-from specjax.diffusion import Canvas, DiffusionOutput, TopK, make_canvas
+from specjax.diffusion import Canvas, DiffusionOutput, RandomK, TopK, make_canvas
 from specjax.diffusion.named import FILTER_FILE, SAMPLERS, Sampler, filter_of
 from specjax.models import Model
 
@@ -173,18 +174,23 @@ def measure(prep: Prepared, progress: bool = True) -> tuple[list[dict], list[dic
 
 
 def _closed_form(prep, task, exs, batches, rows, warmed) -> list[dict]:
-    """Per k: the closed form averaged over the examples' answer lengths n, TopK(k) sampled at
-    temperature 1 (with its standard error) and greedy (from the rows, when that sampler ran)."""
+    """Per k: the closed form averaged over the examples' answer lengths n; TopK(k) and RandomK(k)
+    (the positions the closed form assumes: drawn whatever the predictions) sampled at
+    temperature 1, with their standard errors; TopK(k) greedy (from the rows, when that sampler
+    ran)."""
     greedy = {r["sampler"]: r["accuracy"] for r in rows if r["task"] == task and r["cache"] is None}
+    se = lambda a: float(np.sqrt(a * (1 - a) / len(exs)))
     out = []
     for k in CLOSED_FORM_K:
         tokens, nfe, _ = _run(prep, Sampler("sampled", TopK(k)), batches, temperature=1.0,
                               seed=prep.cfg.seed + 1000 * k, warmed=warmed)
         sampled = pb.accuracy(exs, tokens)
+        drawn = pb.accuracy(exs, _run(prep, Sampler("random order", RandomK(k)), batches, temperature=1.0,
+                                      seed=prep.cfg.seed + 1000 * k + 500, warmed=warmed)[0])
         n = [len(e.answer) for e in exs]
         out.append({"task": task, "k": k, "n_mean": float(np.mean(n)), "n": n,
                     "closed_form": float(np.mean([pb.closed_form_accuracy(task, m, k) for m in n])),
-                    "sampled": sampled, "sampled_se": float(np.sqrt(sampled * (1 - sampled) / len(exs))),
+                    "sampled": sampled, "sampled_se": se(sampled), "random_order": drawn, "random_order_se": se(drawn),
                     "greedy": greedy.get("static" if k == 1 else f"topk-{k}"),
                     "answer_tokens_per_forward": sum(n) / nfe.sum()})
     return out
@@ -240,11 +246,12 @@ def markdown(rows: list[dict], closed: list[dict]) -> str:
         lines.append("")
     if closed:
         lines += ["### closed form vs measured (k tokens per step)", "",
-                  "| task | k | mean n | closed form | TopK(k), temperature 1 | TopK(k), greedy | "
-                  "answer tokens/forward |", "|---|---|---|---|---|---|---|"]
+                  "| task | k | mean n | closed form | RandomK(k), temperature 1 | TopK(k), temperature 1 | "
+                  "TopK(k), greedy | answer tokens/forward |", "|---|---|---|---|---|---|---|---|"]
         for c in closed:
             greedy = "-" if c["greedy"] is None else f"{c['greedy']:.3f}"
             lines.append(f"| {c['task']} | {c['k']} | {c['n_mean']:.2f} | {c['closed_form']:.3f} | "
+                         f"{c['random_order']:.3f} ± {c['random_order_se']:.3f} | "
                          f"{c['sampled']:.3f} ± {c['sampled_se']:.3f} | {greedy} | "
                          f"{c['answer_tokens_per_forward']:.2f} |")
         lines.append("")
@@ -276,7 +283,9 @@ def plot(rows: list[dict], closed: list[dict], path: Path) -> None:
             cs = [c for c in closed if c["task"] == task]
             ks = [c["k"] for c in cs]
             line, = ax.plot(ks, [c["closed_form"] for c in cs], label=f"{task}: closed form")
-            ax.errorbar(ks, [c["sampled"] for c in cs], yerr=[c["sampled_se"] for c in cs], fmt="o",
+            ax.errorbar(ks, [c["random_order"] for c in cs], yerr=[c["random_order_se"] for c in cs], fmt="s",
+                        color=line.get_color(), label=f"{task}: RandomK(k), temperature 1")
+            ax.errorbar(ks, [c["sampled"] for c in cs], yerr=[c["sampled_se"] for c in cs], fmt="o", mfc="none",
                         color=line.get_color(), label=f"{task}: TopK(k), temperature 1")
         ax.set(title="closed form vs measured", xlabel="tokens per step k", ylabel="accuracy", ylim=(-0.05, 1.05))
         _log2(ax)

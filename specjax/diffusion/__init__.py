@@ -9,10 +9,10 @@ of MASK slots, several per forward, by the rules of the parallel-decoding litera
 from specjax.diffusion.blocks import AdaBlock, Blocks
 from specjax.diffusion.canvas import Canvas, key_mask, make_canvas
 from specjax.diffusion.freedave import freedave
-from specjax.diffusion.rules import (Credit, Entropy, Factor, Learn2PD, LocalLeap, Prediction, Rule, Threshold,
-                                     TopK, predict)
+from specjax.diffusion.rules import (Credit, Entropy, Factor, Learn2PD, LocalLeap, Prediction, RandomK, Rule,
+                                     Threshold, TopK, predict)
 from specjax.diffusion.sampler import CACHES, DiffusionOutput, generate
 
 __all__ = ["AdaBlock", "Blocks", "CACHES", "Canvas", "Credit", "DiffusionOutput", "Entropy", "Factor", "Learn2PD",
-           "LocalLeap", "Prediction", "Rule", "Threshold", "TopK", "freedave", "generate", "key_mask",
+           "LocalLeap", "Prediction", "RandomK", "Rule", "Threshold", "TopK", "freedave", "generate", "key_mask",
            "make_canvas", "predict"]

@@ -11,7 +11,7 @@ import jax
 from specjax.diffusion.blocks import AdaBlock
 from specjax.diffusion.canvas import Canvas
 from specjax.diffusion.freedave import freedave
-from specjax.diffusion.rules import Credit, Entropy, Factor, Learn2PD, LocalLeap, Rule, Threshold, TopK
+from specjax.diffusion.rules import Credit, Entropy, Factor, Learn2PD, LocalLeap, RandomK, Rule, Threshold, TopK
 from specjax.diffusion.sampler import DiffusionOutput, generate
 from specjax.models import Model
 
@@ -60,6 +60,8 @@ SAMPLERS: dict[str, Sampler] = {
     "static": Sampler("LLaDA low-confidence remasking, 1 token per forward (the baseline)", TopK(1)),
     **{f"topk-{k}": Sampler(f"LLaDA low-confidence remasking, {k} tokens per forward (forced)", TopK(k))
        for k in (2, 4, 8)},
+    **{f"random-{k}": Sampler(f"LLaDA random remasking, {k} tokens per forward at positions drawn at random",
+                              RandomK(k)) for k in (1, 2, 4, 8)},
     **{f"threshold-{tau}": Sampler(f"Fast-dLLM: the most confident and every one with confidence >= {tau}",
                                    Threshold(tau), caches=(None, "dual")) for tau in (0.9, 0.7, 0.5)},
     "factor-1": Sampler("Fast-dLLM's factor rule, f = 1", Factor(1.0)),

@@ -8,6 +8,7 @@ block always finishes. `eligible` = still MASK and inside the current block.
 | rule | paper | commits |
 |---|---|---|
 | `TopK(k)` | LLaDA's low-confidence remasking | the k most confident (k per step: the static baseline) |
+| `RandomK(k)` | LLaDA's random remasking | k drawn uniformly at random, whatever the predictions |
 | `Threshold(tau)` | Fast-dLLM | the most confident, and every one with confidence >= tau |
 | `Factor(f)` | Fast-dLLM | the longest prefix by confidence with (n + 1)(1 - c(n)) < f |
 | `Entropy(h)` | dParallel | the lowest-entropy one, and every one with entropy < h |
@@ -52,11 +53,13 @@ def predict(logits: jax.Array, temperature: float = 0.0, key: jax.Array | None =
 
 class Context(NamedTuple):
     """Where the current block is: eligible bool[B, T] (MASK and in the block), block_start
-    int32[B] (canvas index), and whether this is the block's first forward (bool scalar)."""
+    int32[B] (canvas index), whether this is the block's first forward (bool scalar), and this
+    forward's random key for rules that draw (`RandomK`)."""
 
     eligible: jax.Array
     block_start: jax.Array
     first: jax.Array
+    key: jax.Array | None = None
 
 
 def rank_of(score: jax.Array, eligible: jax.Array) -> jax.Array:
@@ -105,6 +108,24 @@ class TopK(Rule):
 
     def select(self, pred, ctx, state):
         return ctx.eligible & (rank_of(pred.conf, ctx.eligible) < self.k)
+
+
+@_pytree
+@dataclasses.dataclass(frozen=True)
+class RandomK(Rule):
+    """LLaDA's random remasking: k eligible positions drawn uniformly at random, independently
+    of the predictions (the order ParallelBench's closed-form accuracies assume)."""
+
+    k: int = 1
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ValueError(f"RandomK needs k >= 1, got {self.k}")
+
+    def select(self, pred, ctx, state):
+        if ctx.key is None:
+            raise ValueError("RandomK draws its positions: the Context needs a key")
+        return ctx.eligible & (rank_of(jax.random.uniform(ctx.key, ctx.eligible.shape), ctx.eligible) < self.k)
 
 
 @_pytree

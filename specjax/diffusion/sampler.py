@@ -97,7 +97,7 @@ def _generate(model, canvas, rule, key, *, gen_length, blocks, cache, temperatur
         here = tokens[rows, idx]
         masked = (here == mask_id) & valid[rows, idx] & (idx < t)
         eligible = masked & (idx >= start[:, None]) & (idx < end[:, None])
-        ctx = Context(eligible, start - idx[:, 0], first)
+        ctx = Context(eligible, start - idx[:, 0], first, jax.random.fold_in(key, 1))  # predict keeps `key`
         logits, state = rule.fuse(frame.logits, state, ctx)
         pred = predict(logits.at[..., mask_id].set(-jnp.inf), temperature, key)
         chosen = rule.select(pred, ctx, state)
