@@ -49,6 +49,8 @@ def test_bench_dllm_end_to_end(dllm_folder, tmp_path, capsys):
     assert all(c["closed_form"] == 1.0 for c in closed if c["task"] == "copy")
     assert {c["greedy"] is None for c in closed if c["k"] > 1} == {True}  # topk-k did not run
     assert all(0 <= c["random_order"] <= 1 and c["random_order_se"] >= 0 for c in closed)
+    assert all(c["closed_form_random_order"] == pytest.approx(1.0) for c in closed if c["task"] == "copy" or c["k"] == 1)
+    assert all(c["random_order_relative"] == 1.0 for c in closed if c["k"] == 1 and c["random_order"] > 0)
     md = (out / "results.md").read_text()
     assert "### deterministic tasks" in md and "### dependent tasks" in md and "RandomK(k), temperature 1" in md
     assert "FREEDAVE DIFFERS" not in md and result["command"].startswith("python -m specjax bench --dllm")

@@ -123,23 +123,30 @@ def test_encode_decode_round_trip():
             assert pb.decode(answer_ids + [pb.EOS_ID, answer_ids[0]]) == ex.answer
 
 
-def _simulate(valid, symbols, n, k, trials, rng):
+def _simulate(valid, symbols, n, k, trials, rng, slots=None, block=None):
     """Fraction of `trials` factorized decodes that `valid` accepts. The answers are every length-n
     string over `symbols` that `valid` accepts; each step commits k random open positions, each drawn
-    independently from its marginal over the answers consistent with what is committed."""
+    independently from its marginal over the answers consistent with what is committed. With
+    `slots`: a canvas of that many slots, the answer in the first n, the rest padding (committed
+    at no risk), filled block by block (`block` slots each), k random open slots of the block per
+    step: RandomK on a ParallelBench canvas."""
     answers = np.array([c for c in itertools.product(range(len(symbols)), repeat=n)
                         if valid(tuple(symbols[i] for i in c))])
+    slots = slots or n
+    block = block or slots
     passed = 0
     for _ in range(trials):
-        out, open_ = np.full(n, -1), list(range(n))
-        while open_:
-            fits = answers[np.all((answers == out) | (out < 0), axis=1)]
-            if len(fits) == 0:
-                break
-            take = rng.choice(open_, min(k, len(open_)), replace=False)
-            for pos in take:
-                out[pos] = rng.choice(fits[:, pos])
-            open_ = [p for p in open_ if p not in take]
+        out = np.full(n, -1)
+        for start in range(0, slots, block):
+            open_ = list(range(start, min(start + block, slots)))
+            while open_:
+                fits = answers[np.all((answers == out) | (out < 0), axis=1)]
+                if len(fits) == 0:
+                    break
+                take = rng.choice(open_, min(k, len(open_)), replace=False)
+                for pos in take[take < n]:
+                    out[pos] = rng.choice(fits[:, pos])
+                open_ = [p for p in open_ if p not in take]
         passed += valid(tuple(symbols[i] if i >= 0 else "<mask>" for i in out))
     return passed / trials
 
@@ -161,6 +168,39 @@ def test_closed_form_matches_monte_carlo(task, n, k):
     trials = 12000
     measured = _simulate(valid, names + word, n, k, trials, np.random.default_rng(n * 10 + k))
     assert abs(measured - expected) < 4 * np.sqrt(expected * (1 - expected) / trials), (measured, expected)
+
+
+@pytest.mark.parametrize("task,n,k,slots,block", [("shuffle", 4, 2, 8, 8), ("shuffle", 4, 4, 12, 12),
+                                                   ("shuffle", 5, 3, 12, 6), ("replace_random", 5, 4, 16, 8),
+                                                   ("replace_random", 4, 2, 12, 6)])
+def test_random_order_closed_form_matches_monte_carlo(task, n, k, slots, block):
+    """RandomK(k) on a canvas of `slots` with padding after the answer: the exact expectation
+    within 4 standard errors of a simulation, which the closed form at k answer positions per step
+    (the negative control) is not."""
+    names = pb.NAMES[:n]
+    word = ("Paul",) if task == "replace_random" else ()
+    example = pb.Example(task, (task, *word, pb.SEP, *names), ())
+    expected = pb.random_order_accuracy(task, n, k, block=block, slots=slots)
+    trials = 12000
+    measured = _simulate(lambda out: pb.check(example, out), names + word, n, k, trials,
+                         np.random.default_rng(n * 100 + k * 10 + block), slots=slots, block=block)
+    tolerance = 4 * np.sqrt(expected * (1 - expected) / trials)
+    assert abs(measured - expected) < tolerance, (measured, expected)
+    assert abs(measured - pb.closed_form_accuracy(task, n, k)) > tolerance
+
+
+def test_random_order_closed_form_limits():
+    for task in ("copy", "replace_random", "shuffle"):
+        for n in range(2, 9):
+            for k in (1, 2, 3, 8):
+                # no padding and one block: every step takes k answer positions
+                assert pb.random_order_accuracy(task, n, k, block=n, slots=n) == pytest.approx(
+                    pb.closed_form_accuracy(task, n, k))
+            assert pb.random_order_accuracy(task, n, 1) == pytest.approx(pb.closed_form_accuracy(task, n, 1))
+    # padding spreads the answer over the steps: less parallel than k answer positions a step
+    assert pb.random_order_accuracy("shuffle", 5, 4) > pb.closed_form_accuracy("shuffle", 5, 4) + 0.3
+    with pytest.raises(ValueError, match="1 <= n <= slots"):
+        pb.random_order_accuracy("shuffle", 30, 2)
 
 
 def test_closed_form_limits():

@@ -180,6 +180,7 @@ def _closed_form(prep, task, exs, batches, rows, warmed) -> list[dict]:
     ran)."""
     greedy = {r["sampler"]: r["accuracy"] for r in rows if r["task"] == task and r["cache"] is None}
     se = lambda a: float(np.sqrt(a * (1 - a) / len(exs)))
+    n, block = [len(e.answer) for e in exs], block_of(prep, SAMPLERS["static"])
     out = []
     for k in CLOSED_FORM_K:
         tokens, nfe, _ = _run(prep, Sampler("sampled", TopK(k)), batches, temperature=1.0,
@@ -187,12 +188,19 @@ def _closed_form(prep, task, exs, batches, rows, warmed) -> list[dict]:
         sampled = pb.accuracy(exs, tokens)
         drawn = pb.accuracy(exs, _run(prep, Sampler("random order", RandomK(k)), batches, temperature=1.0,
                                       seed=prep.cfg.seed + 1000 * k + 500, warmed=warmed)[0])
-        n = [len(e.answer) for e in exs]
         out.append({"task": task, "k": k, "n_mean": float(np.mean(n)), "n": n,
                     "closed_form": float(np.mean([pb.closed_form_accuracy(task, m, k) for m in n])),
+                    "closed_form_random_order": float(np.mean([pb.random_order_accuracy(task, m, k, block=block)
+                                                               for m in n])),
                     "sampled": sampled, "sampled_se": se(sampled), "random_order": drawn, "random_order_se": se(drawn),
                     "greedy": greedy.get("static" if k == 1 else f"topk-{k}"),
                     "answer_tokens_per_forward": sum(n) / nfe.sum()})
+    one = out[0]["random_order"]   # CLOSED_FORM_K starts at 1
+    for c in out:   # relative to one token per step: a perfect model's curve scaled to this model
+        c["random_order_relative"] = c["random_order"] / one if one else float("nan")
+        c["random_order_relative_se"] = (0.0 if c["k"] == 1 or not one or not c["random_order"] else
+                                         c["random_order_relative"] * float(np.hypot(c["random_order_se"] / c["random_order"],
+                                                                                     out[0]["random_order_se"] / one)))
     return out
 
 
@@ -246,12 +254,14 @@ def markdown(rows: list[dict], closed: list[dict]) -> str:
         lines.append("")
     if closed:
         lines += ["### closed form vs measured (k tokens per step)", "",
-                  "| task | k | mean n | closed form | RandomK(k), temperature 1 | TopK(k), temperature 1 | "
-                  "TopK(k), greedy | answer tokens/forward |", "|---|---|---|---|---|---|---|---|"]
+                  "| task | k | mean n | closed form | closed form, RandomK(k)'s steps | RandomK(k), temperature 1 "
+                  "| RandomK(k) / RandomK(1) | TopK(k), temperature 1 | TopK(k), greedy | answer tokens/forward |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for c in closed:
             greedy = "-" if c["greedy"] is None else f"{c['greedy']:.3f}"
             lines.append(f"| {c['task']} | {c['k']} | {c['n_mean']:.2f} | {c['closed_form']:.3f} | "
-                         f"{c['random_order']:.3f} ± {c['random_order_se']:.3f} | "
+                         f"{c['closed_form_random_order']:.3f} | {c['random_order']:.3f} ± {c['random_order_se']:.3f} | "
+                         f"{c['random_order_relative']:.3f} ± {c['random_order_relative_se']:.3f} | "
                          f"{c['sampled']:.3f} ± {c['sampled_se']:.3f} | {greedy} | "
                          f"{c['answer_tokens_per_forward']:.2f} |")
         lines.append("")
@@ -283,8 +293,10 @@ def plot(rows: list[dict], closed: list[dict], path: Path) -> None:
             cs = [c for c in closed if c["task"] == task]
             ks = [c["k"] for c in cs]
             line, = ax.plot(ks, [c["closed_form"] for c in cs], label=f"{task}: closed form")
-            ax.errorbar(ks, [c["random_order"] for c in cs], yerr=[c["random_order_se"] for c in cs], fmt="s",
-                        color=line.get_color(), label=f"{task}: RandomK(k), temperature 1")
+            ax.plot(ks, [c["closed_form_random_order"] for c in cs], "--", color=line.get_color(),
+                    label=f"{task}: closed form, RandomK(k)'s steps")
+            ax.errorbar(ks, [c["random_order_relative"] for c in cs], yerr=[c["random_order_relative_se"] for c in cs],
+                        fmt="s", color=line.get_color(), label=f"{task}: RandomK(k) / RandomK(1), temperature 1")
             ax.errorbar(ks, [c["sampled"] for c in cs], yerr=[c["sampled_se"] for c in cs], fmt="o", mfc="none",
                         color=line.get_color(), label=f"{task}: TopK(k), temperature 1")
         ax.set(title="closed form vs measured", xlabel="tokens per step k", ylabel="accuracy", ylim=(-0.05, 1.05))
@@ -318,9 +330,12 @@ NOTES = [
     "eos_exit (learn2pd only, its end-of-text prediction): once EOS is committed the rest of the row is EOS; "
     "every other sampler decodes all slots.",
     "closed form: a perfect model committing k answer positions per step, each sampled from its marginal "
-    "(`parallel_bench.closed_form_accuracy`), averaged over the examples' answer lengths n. Measured: "
-    "TopK(k) at temperature 1 (± binomial standard error) and greedy; the canvas's EOS slots take part "
-    "in its steps (usually first, being the most confident), so a step may mix EOS and answer slots.",
+    "(`parallel_bench.closed_form_accuracy`), averaged over the examples' answer lengths n. RandomK(k)'s "
+    "steps draw k of the block's open slots at random, EOS slots included, so a step takes fewer answer "
+    "positions; its closed form is the expectation over which (`parallel_bench.random_order_accuracy`). "
+    "Measured at temperature 1 (± binomial standard error): RandomK(k), the same relative to RandomK(1) "
+    "(the closed form starts from a perfect model's 1; this model's own one-per-step accuracy is RandomK(1)), "
+    "and TopK(k), whose positions are the most confident (EOS first, usually), and TopK(k) greedy.",
 ]
 
 

@@ -36,6 +36,7 @@ per step."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 from dataclasses import dataclass
@@ -45,7 +46,8 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["TASKS", "DETERMINISTIC", "DEPENDENT", "Example", "sample", "check", "VOCAB", "tokenizer",
-           "PAD_ID", "EOS_ID", "MASK_ID", "GEN_LENGTH", "encode", "decode", "closed_form_accuracy"]
+           "PAD_ID", "EOS_ID", "MASK_ID", "GEN_LENGTH", "encode", "decode", "closed_form_accuracy",
+           "schedule_accuracy", "random_order_accuracy"]
 
 NAMES = ("Anthony", "Charles", "Daniel", "David", "Elizabeth", "Emily", "James", "Jennifer", "Jessica",
          "John", "Joseph", "Karen", "Lisa", "Mark", "Mary", "Matthew", "Michael", "Paul", "Richard",
@@ -256,38 +258,81 @@ def closed_form_accuracy(task: str, n: int, k: int, *, distinct_from_input: bool
     """
     if n < 1 or k < 1:
         raise ValueError("need n >= 1 and k >= 1")
+    sizes, m = [], n
+    while m > 0:
+        sizes.append(min(k, m))
+        m -= sizes[-1]
+    return schedule_accuracy(task, tuple(sizes), distinct_from_input=distinct_from_input)
+
+
+@cache
+def schedule_accuracy(task: str, sizes: tuple[int, ...], *, distinct_from_input: bool = True) -> float:
+    """`closed_form_accuracy` when step i commits sizes[i] of the list's positions (each >= 1;
+    n = their sum): the recursions above, with k' the step's own size."""
+    if not sizes or min(sizes) < 1:
+        raise ValueError("need steps of at least one position")
     if task == "copy":
         return 1.0
+    steps, m = [], sum(sizes)   # (m, k') for each step: m positions open before it
+    for size in sizes:
+        steps.append((m, size))
+        m -= size
 
-    def steps(m):   # (m, k') for each step from m open positions
-        while m > 0:
-            yield m, min(k, m)
-            m -= min(k, m)
-
-    def all_distinct(m):
-        return math.prod(math.perm(mm, kk) / mm ** kk for mm, kk in steps(m))
+    def all_distinct(first):
+        return math.prod(math.perm(mm, kk) / mm ** kk for mm, kk in steps[first:])
 
     if task == "replace_random":
         accuracy, reach = 0.0, 1.0
-        for m, kk in steps(n):
+        for m, kk in steps:
             accuracy += reach * kk / m * (1 - 1 / m) ** (kk - 1)
             reach *= (1 - 1 / m) ** kk
         return accuracy
     if task == "shuffle":
         if not distinct_from_input:
-            return all_distinct(n)
+            return all_distinct(0)
         accuracy, reach = 0.0, 1.0   # reach: probability every name so far sits at its own place
-        for m, kk in steps(n):
+        for i, (m, kk) in enumerate(steps):
             if m < 2:
                 break
             total = math.factorial(m) - 1
             a, b = (math.factorial(m - 1) - 1) / total, math.factorial(m - 1) / total
             moved = sum(math.comb(kk, s) * _derangements(kk - s, m - s) * a ** s * b ** (kk - s)
                         for s in range(kk))
-            accuracy += reach * moved * all_distinct(m - kk)
+            accuracy += reach * moved * all_distinct(i + 1)
             reach *= a ** kk
         return accuracy
     raise ValueError(f"closed form only for copy, replace_random, shuffle; not {task!r}")
+
+
+def random_order_accuracy(task: str, n: int, k: int, *, block: int = GEN_LENGTH, slots: int = GEN_LENGTH,
+                          distinct_from_input: bool = True) -> float:
+    """`closed_form_accuracy` when each step commits k of the open slots of its block drawn at
+    random (LLaDA's random remasking, `RandomK(k)`), the answer being the first n of the canvas's
+    `slots` (EOS after it, which a perfect model commits at no risk) in blocks of `block`. Such a
+    step takes fewer than k of the answer's positions; the expectation over which ones (within a
+    block, how many answer slots each step's k draws hold is multivariate hypergeometric) of
+    `schedule_accuracy`, exact."""
+    if not 1 <= n <= slots or k < 1 or block < 1:
+        raise ValueError("need 1 <= n <= slots, k >= 1 and block >= 1")
+    schedules = {(): 1.0}   # answer positions per step (steps taking none left out) -> probability
+    for start in range(0, slots, block):
+        size = min(block, slots - start)
+        answer = min(max(n - start, 0), size)
+        ways = {(): 1}   # answer slots per step so far -> ways to choose them among the block's
+        for step in range(0, size, k):
+            g, grown = min(k, size - step), collections.Counter()
+            for seq, w in ways.items():
+                for c in range(min(g, answer - sum(seq)) + 1):
+                    grown[seq + ((c,) if c else ())] += w * math.comb(g, c)
+            ways = grown
+        joined = collections.Counter()
+        for old, p in schedules.items():
+            for seq, w in ways.items():
+                if sum(seq) == answer:
+                    joined[old + seq] += p * w / math.comb(size, answer)
+        schedules = joined
+    return sum(p * schedule_accuracy(task, seq, distinct_from_input=distinct_from_input)
+               for seq, p in schedules.items())
 
 
 def _derangements(r: int, m: int) -> int:
