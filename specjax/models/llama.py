@@ -11,8 +11,9 @@ One function, `forward`, serves every use:
 
 Parameters are a nested dict, declared in `specjax.models.params`; the layers are stacked on a
 leading axis and scanned, or (`sj.load` on a GPU) held as LayerLists, one buffer per layer,
-and run by a loop unrolled at trace time. Matmul weights are [in, out]: arrays, QuantizedWeight, or on CPU
-PanelWeight (the same values in the column panels the matmul kernel reads fastest).
+and run by a loop unrolled at trace time. Matmul weights are [in, out]: arrays,
+QuantizedWeight, or on CPU PanelWeight (the same values in the column panels the matmul kernel
+reads fastest).
 """
 
 from __future__ import annotations
