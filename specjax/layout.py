@@ -21,16 +21,24 @@ from specjax.models.layer_list import LayerList, is_split
 from specjax.quantize import map_quantized
 
 
-def kernel_layout(params: dict) -> dict:
-    """params laid out as the default backend's kernels read them fastest."""
+def kernel_layout(params: dict, *, consume: bool = False) -> dict:
+    """params laid out as the default backend's kernels read them fastest. `consume`: the caller
+    gives `params` up (a loader), so each layer stack is freed once laid out anew, and loading
+    holds the model plus one stack at most rather than the model twice."""
     params = map_quantized(params, pallas_kernels.kernel_layout)
     if "layers" not in params or is_split(params["layers"]):
         return params
-    if jax.default_backend() == "gpu":
-        return {**params, "layers": {name: LayerList.split(w) for name, w in params["layers"].items()}}
     float_stack = lambda w: isinstance(w, jax.Array) and w.ndim == 3 and jnp.issubdtype(w.dtype, jnp.floating)
-    layers = {name: float_kernel_layout(w) if float_stack(w) else w
-              for name, w in params["layers"].items()}
+    if jax.default_backend() == "gpu":
+        lay = LayerList.split
+    else:
+        lay = lambda w: float_kernel_layout(w) if float_stack(w) else w
+    layers = {}
+    for name, w in params["layers"].items():
+        layers[name] = jax.block_until_ready(lay(w))
+        if consume and layers[name] is not w:
+            for leaf in jax.tree.leaves(w):
+                leaf.delete()
     return {**params, "layers": layers}
 
 

@@ -82,6 +82,11 @@ def test_load_splits_the_layers_on_a_gpu_only(target, monkeypatch):
     assert all(isinstance(w, LayerList) and len(w.layers) == 4 for w in laid_out["layers"].values())
     again = kernel_layout(laid_out)["layers"]["wq"]  # not split again
     assert isinstance(again, LayerList) and again.layers[0] is laid_out["layers"]["wq"].layers[0]
+    assert not target.params["layers"]["wq"].is_deleted()
+    given_up = jax.tree.map(jnp.copy, target.params)  # a loader's own params: freed as they are split
+    consumed = kernel_layout(given_up, consume=True)
+    assert all(w.is_deleted() for w in jax.tree.leaves(given_up["layers"]))
+    jax.tree.map(np.testing.assert_array_equal, portable_layout(consumed), portable_layout(target.params))
 
 
 def test_a_scan_cannot_index_a_layer_list(target):

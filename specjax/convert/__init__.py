@@ -29,7 +29,7 @@ def load(path: str | os.PathLike, dtype: str | None = None, mesh=None) -> Model:
     else:
         model = load_hf(found, dtype=dtype)
         if mesh is None:
-            return Model(kernel_layout(model.params), model.config)
+            return Model(kernel_layout(model.params, consume=True), model.config)
     return model if mesh is None else shard(model, mesh)
 
 

@@ -54,7 +54,7 @@ def load_checkpoint(path: str | os.PathLike, mesh=None) -> Model:
     target = None if mesh is None else sharding.shardings(shapes, mesh, head_dim=config.head_dim)
     with ocp.StandardCheckpointer() as ckpt:
         params = ckpt.restore(folder / "params", sharding.abstract(shapes, target))
-    return Model(params if mesh is not None else kernel_layout(params), config)
+    return Model(params if mesh is not None else kernel_layout(params, consume=True), config)
 
 
 def _quantization(params) -> dict | None:

@@ -49,7 +49,7 @@ def load_cached_gguf(gguf_path: Path, dtype: str | None = None) -> Model:
         return load_checkpoint(folder)
     model = load_gguf(gguf_path, dtype)
     _write_atomically(folder, lambda tmp: save_checkpoint(model, tmp))
-    return Model(kernel_layout(model.params), model.config)  # as load_checkpoint lays it out
+    return Model(kernel_layout(model.params, consume=True), model.config)  # as load_checkpoint lays it out
 
 
 def gguf_tokenizer_folder(gguf_path: Path) -> Path:
