@@ -18,7 +18,8 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, i
     M is N when the queries are the tree's own nodes; a block of M != N entries (a
     self-drafter's scratch, drafters/self_draft.py) runs the reference on GPU and TPU.
     With `index`, k/v_cache are the stacks [L,B,S,KV,hd] of every layer and layer `index`
-    (may be traced) is used: the CPU kernel reads it in place, the others slice it first.
+    (may be traced) is used: the CPU kernel reads it in place, so does the GPU kernel for a
+    Python int index (a static block offset), the others slice it first.
 
     Runs the CPU, GPU or TPU kernel on those backends (see backend.pick_impl for `impl` and
     `interpret`); the reference runs with a sliding `window`, a `scale` other than
@@ -44,10 +45,13 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, i
         stack = (k_cache, v_cache) if index is not None else (k_cache[None], v_cache[None])
         return cpu.tree_attention(q, *stack, 0 if index is None else index, lengths, k_tree,
                                   v_tree, tree_mask).astype(q.dtype)
+    fallback = custom or s == 0 or n > MAX_KERNEL_NODES or m != n
+    if impl == "gpu" and not fallback and gpu.supports(q, k_cache) and (index is None or isinstance(index, int)):
+        return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, layer=index,
+                                  interpret=interpret)
     if index is not None:
         at = lambda c: jax.lax.dynamic_index_in_dim(c, index, keepdims=False)
         k_cache, v_cache = at(k_cache), at(v_cache)
-    fallback = custom or s == 0 or n > MAX_KERNEL_NODES or m != n
     if impl == "gpu" and not fallback and gpu.supports(q, k_cache):
         return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
                                   interpret=interpret)

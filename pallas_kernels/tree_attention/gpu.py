@@ -83,23 +83,25 @@ def merge_splits(acc, m, l):
 
 def supports(q, k_cache) -> bool:
     """Shapes this kernel lowers for: power-of-two head_dim >= 16 and a cache of >= 16 slots."""
-    hd, s = q.shape[-1], k_cache.shape[1]
+    hd, s = q.shape[-1], k_cache.shape[-3]
     return hd >= 16 and hd == next_pow2(hd) and s >= 16
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "block_r", "num_splits", "num_warps",
+@functools.partial(jax.jit, static_argnames=("layer", "block_k", "block_r", "num_splits", "num_warps",
                                              "num_stages", "interpret"))
-def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, block_k: int = 64,
-                   block_r: int = 64, num_splits: int | None = None, num_warps: int = 4,
+def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, layer: int | None = None,
+                   block_k: int = 64, block_r: int = 64, num_splits: int | None = None, num_warps: int = 4,
                    num_stages: int = 2, interpret=False):
     """Same contract as reference.tree_attention (no window). q [B,N,Hq,hd], k/v_cache
     [B,S,KV,hd], lengths int[B], k/v_tree [B,N,KV,hd], tree_mask bool[B,N,N] -> [B,N,Hq,hd].
+    With `layer`, k/v_cache are stacks [L,B,S,KV,hd] read at that layer where they lie (a
+    slice would be copied out for the kernel).
 
     block_k: prefix slots per step (power of two, capped at the largest power of two <= S).
     block_r: query rows per program (power of two). num_splits: prefix splits (default from S).
     """
     b, n, hq, hd = q.shape
-    s, kv = k_cache.shape[1], k_cache.shape[2]
+    s, kv = k_cache.shape[-3], k_cache.shape[-2]
     if not supports(q, k_cache):
         raise ValueError(f"unsupported shapes for the GPU kernel: head_dim {hd}, cache {s} slots")
     group = hq // kv
@@ -114,6 +116,10 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, b
     mask = row_mask(tree_mask, group, rows, nodes)
     k_tree, v_tree = pad_nodes(k_tree, nodes), pad_nodes(v_tree, nodes)
     grid = (b, kv, rows // block_r, num_splits)
+    if layer is None:
+        cache_spec = pl.BlockSpec((None, s, None, hd), lambda b, h, r, j: (b, 0, h, 0))
+    else:
+        cache_spec = pl.BlockSpec((None, None, s, None, hd), lambda b, h, r, j: (layer, b, 0, h, 0))
     partial_shape = (b, kv, num_splits, rows)
     acc, m, l = pl.pallas_call(
         functools.partial(_kernel, block_k=block_k, num_splits=num_splits, scale=hd ** -0.5),
@@ -121,8 +127,8 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, b
         in_specs=[
             pl.BlockSpec((None,), lambda b, h, r, j: (b,)),
             pl.BlockSpec((None, None, block_r, hd), lambda b, h, r, j: (b, h, r, 0)),
-            pl.BlockSpec((None, s, None, hd), lambda b, h, r, j: (b, 0, h, 0)),
-            pl.BlockSpec((None, s, None, hd), lambda b, h, r, j: (b, 0, h, 0)),
+            cache_spec,
+            cache_spec,
             pl.BlockSpec((None, nodes, None, hd), lambda b, h, r, j: (b, 0, h, 0)),
             pl.BlockSpec((None, nodes, None, hd), lambda b, h, r, j: (b, 0, h, 0)),
             pl.BlockSpec((None, block_r, nodes), lambda b, h, r, j: (b, r, 0)),

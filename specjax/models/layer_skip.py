@@ -64,9 +64,10 @@ def skip_forward(config: ModelConfig, params: dict, tokens: jax.Array, cache: KV
             k_blk = jax.lax.dynamic_update_slice_in_dim(k_blk, k.astype(k_blk.dtype), slot, axis=1)
             v_blk = jax.lax.dynamic_update_slice_in_dim(v_blk, v.astype(v_blk.dtype), slot, axis=1)
             seen = mask if window is None else mask & (query_slot[:, None] - jnp.arange(m)[None, :] < window)
-            k_cache, v_cache = (cache.k, cache.v) if in_place else (cache.k[i], cache.v[i])
+            by_index = in_place or split  # the cache read from its stack at layer i
+            k_cache, v_cache = (cache.k, cache.v) if by_index else (cache.k[i], cache.v[i])
             h = attention_output(c, p, q, positions, k_cache, v_cache, cache.lengths, k_blk, v_blk,
-                                 seen, window, i if in_place else None)
+                                 seen, window, i if by_index else None)
             return jnp.where(attn_on[:, None, None], x + h, x), k_blk, v_blk
 
         x, k_blk, v_blk = jax.lax.cond(attn_on.any(), attention, lambda *a: a, x, k_blk, v_blk)

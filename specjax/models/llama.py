@@ -271,18 +271,16 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
 
     # On CPU a decode or verify forward runs kernels that read each layer's weights and cache
     # from their stacks in place; LayerList weights (sj.load's layout on a GPU) are read
-    # from their own buffers by a loop unrolled at trace time; otherwise the scan slices the
-    # stacks (as its xs, which training's gradient needs).
+    # from their own buffers by a loop unrolled at trace time, the cache from its stack at the
+    # layer's (static) index; otherwise the scan slices the stacks (as its xs, which training's
+    # gradient needs).
     split = is_split(params["layers"])
     in_place = not split and runs_cpu_kernel(b * x.shape[1])
-    stacks = (k_cache, v_cache) if split else (params["layers"], k_cache, v_cache)
 
     def layer(x, xs):
         index, inv_freq, window = xs[:3]
-        if in_place:
-            lp, k_layer, v_layer = layer_params(params["layers"], index, True), k_cache, v_cache
-        elif split:
-            lp, (k_layer, v_layer) = layer_params(params["layers"], index, False), xs[3:]
+        if in_place or split:
+            lp, k_layer, v_layer = layer_params(params["layers"], index, in_place), k_cache, v_cache
         else:
             lp, k_layer, v_layer = xs[3:]
         if inject is not None and inject.layer > 0:
@@ -292,12 +290,13 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         with jax.named_scope("attention"):
             h, k_new, v_new = attention_block(c, lp, norm(c, x, lp["attn_norm"]), positions, mask,
                                                k_layer, v_layer, lengths, inv_freq, window,
-                                               index if in_place else None, causal)
+                                               index if in_place or split else None, causal)
         with jax.named_scope("mlp"):
             x = mlp_residual(c, lp, x + h)
         return x, (k_new, v_new, x if return_layers else None)
 
-    xs = (jnp.arange(c.num_layers), inv_freqs, windows, *(() if in_place else stacks))
+    xs = (jnp.arange(c.num_layers), inv_freqs, windows,
+          *(() if in_place or split else (params["layers"], k_cache, v_cache)))
     x, (k_new, v_new, per_layer) = layer_loop(layer, x, xs, unrolled=split)
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
     hidden = norm(c, x, params["norm"])

@@ -40,6 +40,13 @@ def test_tree_attention_lowers(backend, shape):
     lower(kernel, backend, *tree_args(*shape))
 
 
+def test_tree_attention_lowers_reading_a_layer_of_the_stacks():
+    q, cache, _, lengths, tree, _, mask = tree_args(1, 4, 32, 8, 128, 4096)
+    stack = jax.ShapeDtypeStruct((32, *cache.shape), cache.dtype)
+    lower(lambda q, k, v, lens, kt, vt, m: tree_gpu.tree_attention(q, k, v, lens, kt, vt, m, layer=31),
+          "gpu", q, stack, stack, lengths, tree, tree, mask)
+
+
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
 @pytest.mark.parametrize("bits,group_size,act_bits,m,k,n", [
     (8, 128, None, 1, 4096, 4096), (4, 128, None, 16, 4096, 14336), (4, 32, None, 3, 512, 64),

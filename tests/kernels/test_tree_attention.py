@@ -9,7 +9,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import pallas_kernels
-from pallas_kernels.tree_attention import causal_blocks, gpu, reference, tpu
+from pallas_kernels.tree_attention import causal_blocks, gpu, reference, tpu, tree_attention
 from tests.kernels.modes import ON_ACCELERATOR, interpret_for, races_found
 
 _reference_jit = jax.jit(reference.tree_attention, static_argnames="window")
@@ -82,6 +82,26 @@ def test_kernel_matches_reference(mode, case):
                                atol=TOL[dtype], rtol=TOL[dtype])
     if mode == "tpu-interpret":
         assert races_found() is not True
+
+
+def test_gpu_kernel_reads_a_layer_of_the_stacks_in_place():
+    """With `layer`, the GPU kernel takes the stacks [L, ...] and reads that layer's block (the
+    others hold other numbers, so a wrong layer fails); through the API for an int index too."""
+    n, hq, kv, hd, s, lengths, dtype = CASES["n64-g8-hd64"]
+    interpret = interpret_for("gpu")
+    clean, poisoned = make_inputs(n=n, hq=hq, kv=kv, hd=hd, s=s, lengths=lengths, dtype=dtype)
+    q, k_cache, v_cache, lens, k_tree, v_tree, mask = poisoned
+    stack = lambda c: jnp.stack([c * 2, c, c * 3])  # layer 1 is the case's cache
+    out = gpu.tree_attention(q, stack(k_cache), stack(v_cache), lens, k_tree, v_tree, mask, layer=1,
+                             block_k=64, num_splits=3, interpret=interpret)
+    expected = reference_tree_attention(*clean)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=TOL[dtype], rtol=TOL[dtype])
+    via_api = tree_attention(q, stack(k_cache), stack(v_cache), lens, k_tree, v_tree, mask, index=1,
+                             impl="gpu", interpret=interpret)
+    np.testing.assert_allclose(np.asarray(via_api), np.asarray(expected), atol=TOL[dtype], rtol=TOL[dtype])
+    other = gpu.tree_attention(q, stack(k_cache), stack(v_cache), lens, k_tree, v_tree, mask, layer=2,
+                               block_k=64, num_splits=3, interpret=interpret)
+    assert not np.allclose(np.asarray(other), np.asarray(expected), atol=TOL[dtype])
 
 
 def test_interpret_mode_poisons_unwritten_output():
