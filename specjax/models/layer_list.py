@@ -6,8 +6,9 @@ fusions) take no slice as an operand: every layer's weights are copied out befor
 matmuls, so a decode step reads each weight twice and writes it once. Held as one buffer per
 layer and run by a layer loop unrolled at trace time (`specjax.models.llama.layer_loop`), each
 matmul reads its weights where they lie (on an H200, the 8B-shaped bf16 decode step 13.6 ->
-6.9 ms: benchmarks/gpu/h200-2026-11-27b). The CPU kernels read layers from their stacks in
-place and keep the stacked layout; so does a TPU (not measured there).
+6.9 ms: benchmarks/gpu/h200-2026-11-27b); the price is a program that holds every layer, so
+compiling takes longer. The CPU kernels read layers from their stacks in place and keep the
+stacked layout; so does a TPU (not measured there).
 """
 
 from __future__ import annotations
