@@ -301,7 +301,7 @@ def plot(rows: list[dict], closed: list[dict], path: Path) -> None:
                         color=line.get_color(), label=f"{task}: TopK(k), temperature 1")
         ax.set(title="closed form vs measured", xlabel="tokens per step k", ylabel="accuracy", ylim=(-0.05, 1.05))
         _log2(ax)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
