@@ -28,12 +28,16 @@ from step_cost import CACHED, SHAPES
 
 
 def op_times(trace_dir: Path) -> collections.Counter:
-    """Microseconds per op name over every complete event of the newest trace in trace_dir
-    (Python's own frames, named `$file:line`, left out)."""
+    """Microseconds per op name over every complete event of the newest trace in trace_dir: the
+    device's own (its processes are named `/device:...`) when the trace has any, else every one
+    but Python's frames (named `$file:line`)."""
     path = max(trace_dir.rglob("*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    events = json.load(gzip.open(path))["traceEvents"]
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and str(e.get("args", {}).get("name", "")).startswith("/device:")}
     totals = collections.Counter()
-    for event in json.load(gzip.open(path))["traceEvents"]:
-        if event.get("ph") == "X" and not event["name"].startswith("$"):
+    for event in events:
+        if event.get("ph") == "X" and not event["name"].startswith("$") and (not devices or event["pid"] in devices):
             totals[event["name"]] += event.get("dur", 0)
     return totals
 
