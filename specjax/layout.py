@@ -5,7 +5,8 @@ On CPU the kernels read quantized weights and the float layer stacks ([L, K, N] 
 params["layers"]) in column panels, where a block of output columns is one contiguous read
 (`pallas_kernels.QuantizedWeight.tile`, `pallas_kernels.PanelWeight`); elsewhere every
 weight stays row-major, and on a GPU each layer's weights get their own buffers
-(`specjax.models.layer_list.LayerList`: XLA's GPU matmuls would copy a slice of a stack). `sj.load` gives the kernel layout; `sj.save` writes the portable one.
+(`specjax.models.layer_list.LayerList`: XLA's GPU matmuls would copy a slice of a stack).
+`sj.load` gives the kernel layout; `sj.save` writes the portable one.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def kernel_layout(params: dict, *, consume: bool = False) -> dict:
         lay = lambda w: float_kernel_layout(w) if float_stack(w) else w
     layers = {}
     for name, w in params["layers"].items():
-        layers[name] = jax.block_until_ready(lay(w))
+        layers[name] = lay(w)
         if consume and layers[name] is not w:
+            jax.block_until_ready(layers[name])  # the copy made, before its source goes
             for leaf in jax.tree.leaves(w):
                 leaf.delete()
     return {**params, "layers": layers}

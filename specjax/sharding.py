@@ -133,8 +133,8 @@ def shard(tree, mesh: Mesh, *, head_dim: int | None = None, fsdp: bool = False):
     weights in column panels (`sj.load`'s layout for the CPU kernel) go back to row-major and
     LayerLists (its layout on a GPU) to stacks: on a mesh XLA's partitioned code runs, and
     the rules read row-major axes of stacked layers."""
-    panels = lambda x: isinstance(x, (PanelWeight, LayerList))
-    tree = jax.tree.map(lambda x: x.untiled() if panels(x) else x, tree, is_leaf=panels)
+    laid_out = lambda x: isinstance(x, (PanelWeight, LayerList))
+    tree = jax.tree.map(lambda x: x.untiled() if laid_out(x) else x, tree, is_leaf=laid_out)
     return jax.device_put(tree, shardings(tree, mesh, head_dim=head_dim, fsdp=fsdp))
 
 

@@ -46,14 +46,12 @@ def tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, *, i
         return cpu.tree_attention(q, *stack, 0 if index is None else index, lengths, k_tree,
                                   v_tree, tree_mask).astype(q.dtype)
     fallback = custom or s == 0 or n > MAX_KERNEL_NODES or m != n
-    if impl == "gpu" and not fallback and gpu.supports(q, k_cache) and (index is None or isinstance(index, int)):
-        return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, layer=index,
-                                  interpret=interpret)
-    if index is not None:
+    on_gpu = impl == "gpu" and not fallback and gpu.supports(q, k_cache)
+    if index is not None and not (on_gpu and isinstance(index, int)):  # the GPU kernel's block offset
         at = lambda c: jax.lax.dynamic_index_in_dim(c, index, keepdims=False)
-        k_cache, v_cache = at(k_cache), at(v_cache)
-    if impl == "gpu" and not fallback and gpu.supports(q, k_cache):
-        return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,
+        k_cache, v_cache, index = at(k_cache), at(v_cache), None
+    if on_gpu:
+        return gpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask, layer=index,
                                   interpret=interpret)
     if impl == "tpu" and not fallback:
         return tpu.tree_attention(q, k_cache, v_cache, lengths, k_tree, v_tree, tree_mask,

@@ -195,12 +195,13 @@ def _closed_form(prep, task, exs, batches, rows, warmed) -> list[dict]:
                     "sampled": sampled, "sampled_se": se(sampled), "random_order": drawn, "random_order_se": se(drawn),
                     "greedy": greedy.get("static" if k == 1 else f"topk-{k}"),
                     "answer_tokens_per_forward": sum(n) / nfe.sum()})
-    one = out[0]["random_order"]   # CLOSED_FORM_K starts at 1
+    one, one_se = out[0]["random_order"], out[0]["random_order_se"]   # CLOSED_FORM_K starts at 1
     for c in out:   # relative to one token per step: a perfect model's curve scaled to this model
-        c["random_order_relative"] = c["random_order"] / one if one else float("nan")
-        c["random_order_relative_se"] = (0.0 if c["k"] == 1 or not one or not c["random_order"] else
-                                         c["random_order_relative"] * float(np.hypot(c["random_order_se"] / c["random_order"],
-                                                                                     out[0]["random_order_se"] / one)))
+        drawn = c["random_order"]
+        relative = drawn / one if one else float("nan")
+        c["random_order_relative"] = relative
+        c["random_order_relative_se"] = (relative * float(np.hypot(c["random_order_se"] / drawn, one_se / one))
+                                         if c["k"] > 1 and one and drawn else 0.0)
     return out
 
 

@@ -276,10 +276,11 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     # gradient needs).
     split = is_split(params["layers"])
     in_place = not split and runs_cpu_kernel(b * x.shape[1])
+    by_index = in_place or split  # the cache (and stacked weights) read at the layer's index
 
     def layer(x, xs):
         index, inv_freq, window = xs[:3]
-        if in_place or split:
+        if by_index:
             lp, k_layer, v_layer = layer_params(params["layers"], index, in_place), k_cache, v_cache
         else:
             lp, k_layer, v_layer = xs[3:]
@@ -290,13 +291,13 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         with jax.named_scope("attention"):
             h, k_new, v_new = attention_block(c, lp, norm(c, x, lp["attn_norm"]), positions, mask,
                                                k_layer, v_layer, lengths, inv_freq, window,
-                                               index if in_place or split else None, causal)
+                                               index if by_index else None, causal)
         with jax.named_scope("mlp"):
             x = mlp_residual(c, lp, x + h)
         return x, (k_new, v_new, x if return_layers else None)
 
     xs = (jnp.arange(c.num_layers), inv_freqs, windows,
-          *(() if in_place or split else (params["layers"], k_cache, v_cache)))
+          *(() if by_index else (params["layers"], k_cache, v_cache)))
     x, (k_new, v_new, per_layer) = layer_loop(layer, x, xs, unrolled=split)
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
     hidden = norm(c, x, params["norm"])
