@@ -99,10 +99,11 @@ def build() -> Path:
 
 
 @functools.cache
-def available() -> bool:
-    """Whether the CPU kernels are built, loaded and registered with XLA (once per process)."""
+def library() -> ctypes.CDLL | None:
+    """The kernels' library, built, loaded and registered with XLA (once per process); None
+    (and one warning) where they are off or cannot be built."""
     if os.environ.get("SPECJAX_CPU_KERNELS", "1") == "0":
-        return False
+        return None
     try:
         lib = ctypes.cdll.LoadLibrary(str(build()))
         for name in TARGETS:
@@ -110,5 +111,10 @@ def available() -> bool:
     except (RuntimeError, OSError, AttributeError) as e:
         first = str(e).splitlines()[0]
         warnings.warn(f"specjax CPU kernels unavailable ({first}); XLA's code runs instead", stacklevel=2)
-        return False
-    return True
+        return None
+    return lib
+
+
+def available() -> bool:
+    """Whether the CPU kernels are built, loaded and registered with XLA."""
+    return library() is not None

@@ -12,12 +12,18 @@ using namespace specjax_cpu;
 namespace {
 
 #if defined(__AVX512F__)
-constexpr int MR = 6;  // rows held in registers at once (MR * NV accumulators)
+constexpr int REGISTERS = 32;
 #else
-constexpr int MR = 3;
+constexpr int REGISTERS = 16;
 #endif
-constexpr int NV = 4;           // vectors of output columns per block
-constexpr int NB = NV * VL;     // output columns per block
+// Rows held in registers at once over a block of V vectors of columns: R * V accumulators, the V
+// weight vectors and one broadcast of x fit the registers (AVX-512: 8 rows of 2 or 3 vectors, 6
+// of 4; AVX2: 6, 4, 3).
+template <int V>
+constexpr int rows_for() { return std::max(3, std::min(8, (REGISTERS - V - 1) / V)); }
+constexpr int NV = 4;           // vectors of output columns per block of a row-major weight
+constexpr int NB = NV * VL;     // its output columns
+constexpr int NK_MR = REGISTERS == 32 ? 6 : 3;  // "nk": rows per block (NK_COLS accumulators each)
 constexpr int NK_COLS = 4;      // "nk": output columns per block past NK_STREAM_ROWS rows
 constexpr int NK_STREAM_ROWS = 2;
 #ifndef PREFETCH
@@ -59,12 +65,37 @@ void kn_block(const float* x, const W* w, float* y, Columns cols, int64_t m0, in
     for (int v = 0; v < V; ++v) store(y + (m0 + r) * N + n0 + v * VL, acc[r][v]);
 }
 
-// All M rows times the NB columns at n0, MR rows at a time: the first pass streams the block's
-// weights from memory, the others find them in L2 (K * NB values; 147 kB for K = 576 in float32).
-template <typename W>
+// All M rows times the V-vector column block at n0, rows_for<V>() rows at a time: a verify's
+// 8 rows take one pass over the block's weights as they stream from memory (a panel of 2 or 3
+// vectors); more rows, or 4 vectors, find them in L2 on the later passes (K * V * VL values).
+template <int V, typename W>
 void kn_columns(const float* x, const W* w, float* y, int64_t M, Columns cols, int64_t n0) {
-  for (int64_t m0 = 0; m0 < M; m0 += MR)
-    with_rows<MR>(std::min<int64_t>(MR, M - m0), [&](auto r) { kn_block<decltype(r)::value, NV>(x, w, y, cols, m0, n0); });
+  constexpr int R = rows_for<V>();
+  for (int64_t m0 = 0; m0 < M; m0 += R)
+    with_rows<R>(std::min<int64_t>(R, M - m0), [&](auto r) { kn_block<decltype(r)::value, V>(x, w, y, cols, m0, n0); });
+}
+
+// The vectors of a column block in panels of `tile` columns: 4, 3 or 2, the most that divide the
+// panel (0: none do); a row-major weight's blocks are NV vectors.
+inline int block_vectors(int64_t tile) {
+  if (!tile) return NV;
+  if (tile % VL) return 0;
+  const int64_t v = tile / VL;
+  return v % 4 == 0 ? 4 : v % 3 == 0 ? 3 : v % 2 == 0 ? 2 : 0;
+}
+
+// Every column block of W, split over the threads.
+template <typename W>
+void kn_matmul(ffi::ThreadPool& pool, const float* x, const W* w, float* y, int64_t M, Columns cols) {
+  auto run = [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    parallel_for(pool, cols.N / (V * VL), [&](int64_t b) { kn_columns<V>(x, w, y, M, cols, b * V * VL); });
+  };
+  switch (block_vectors(cols.tile)) {
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    default: return run(std::integral_constant<int, 4>{});
+  }
 }
 
 template <typename W>
@@ -84,7 +115,7 @@ void nk_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_
   vf acc[R][NK_COLS] = {};
   const int64_t kv = K / VL * VL;
   for (int64_t k = 0; k < kv; k += VL) {
-    if (R == MR || m0 == 0)  // the next columns' weight rows, one line per row and step
+    if (R == NK_MR || m0 == 0)  // the next columns' weight rows, one line per row and step
       for (int c = 0; c < NK_COLS; ++c) __builtin_prefetch(w + (n0 + NK_COLS + c) * K + k);
     vf wv[NK_COLS];
     for (int c = 0; c < NK_COLS; ++c) wv[c] = c < cols ? load_w(w + (n0 + c) * K + k) : vf{};
@@ -104,7 +135,7 @@ void nk_block(const float* x, const W* w, float* y, int64_t K, int64_t N, int64_
 template <typename W>
 void nk_columns(const float* x, const W* w, float* y, int64_t M, int64_t K, int64_t N, int64_t n0, int cols) {
   int64_t m = 0;
-  for (; m + MR <= M; m += MR) nk_block<MR>(x, w, y, K, N, m, n0, cols);
+  for (; m + NK_MR <= M; m += NK_MR) nk_block<NK_MR>(x, w, y, K, N, m, n0, cols);
   switch (M - m) {
     case 1: nk_block<1>(x, w, y, K, N, m, n0, cols); break;
     case 2: nk_block<2>(x, w, y, K, N, m, n0, cols); break;
@@ -157,18 +188,32 @@ void matmul(ffi::ThreadPool& pool, const float* x, const W* w, float* y, int64_t
     });
     return;
   }
-  const int64_t blocks = N / NB;  // panels: tile is a multiple of NB and divides N (checked)
-  const Columns cols{K, N, tile};
-  parallel_for(pool, blocks, [&](int64_t b) { kn_columns(x, w, y, M, cols, b * NB); });
-  if (blocks * NB < N) kn_tail(x, w, y, M, K, N, blocks * NB);
+  const Columns cols{K, N, tile};  // panels: the tile divides N into blocks (checked)
+  kn_matmul(pool, x, w, y, M, cols);
+  const int64_t whole = N / NB * NB;  // a row-major weight's columns past its last block
+  if (!tile && whole < N) kn_tail(x, w, y, M, K, N, whole);
 }
+
+}  // namespace
+
+// The panel width this build reads fastest for a weight of n output columns (0: none divides n,
+// keep it row-major): a panel is one column block, so it streams as one contiguous read; with
+// AVX-512 3 vectors (8 verify rows fit the registers: one pass over the weights), else 4.
+extern "C" int64_t specjax_matmul_tile(int64_t n) {
+  constexpr int preferred = REGISTERS == 32 ? 3 : 4;
+  for (int v : {preferred, 4, 3, 2})
+    if (n % (v * VL) == 0) return v * VL;
+  return 0;
+}
+
+namespace {
 
 ffi::Error Matmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
                   ffi::Buffer<ffi::S32> index, ffi::ResultBuffer<ffi::F32> y, bool nk, int64_t tile) {
   auto xd = x.dimensions(), wd = w.dimensions();
   if (tile > 0) {  // panels [L, N / tile, K, tile]
-    if (xd.size() != 2 || wd.size() != 4 || wd[3] != tile || tile % NB || nk)
-      return ffi::Error::InvalidArgument("matmul: panels must be [L, N / tile, K, tile], tile a multiple of the block");
+    if (xd.size() != 2 || wd.size() != 4 || wd[3] != tile || !block_vectors(tile) || nk)
+      return ffi::Error::InvalidArgument("matmul: panels must be [L, N / tile, K, tile], tile a multiple of 2 vectors");
   } else if (xd.size() != 2 || wd.size() != 3) {
     return ffi::Error::InvalidArgument("matmul: x must be [M, K] and w [L, K, N] or [L, N, K]");
   }

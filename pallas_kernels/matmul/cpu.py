@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import jax
@@ -14,13 +15,20 @@ from pallas_kernels.matmul.panels import PanelWeight
 
 MAX_ROWS = 64  # row-major weights: decode and verify rows; beyond, XLA's GEMM is as fast
 DTYPES = (jnp.float32, jnp.bfloat16)
-TILE = 64  # PanelWeight's column panel: a multiple of the kernel's column block on every build
+
+
+def panel_tile(n: int) -> int:
+    """The panel width this host's kernel reads fastest for n output columns (cpu.cc's
+    specjax_matmul_tile); 0 where none divides n, or without the kernels."""
+    lib = ffi.library()
+    return int(lib.specjax_matmul_tile(ctypes.c_int64(n))) if lib else 0
 
 
 def preferred_layout(w):
-    """A float layer stack [..., K, N] as the kernel reads it fastest: column panels of TILE
-    when N allows, else as it is."""
-    return PanelWeight.of(w, TILE) if w.shape[-1] % TILE == 0 else w
+    """A float layer stack [..., K, N] as the kernel reads it fastest: column panels of
+    panel_tile(N), else as it is."""
+    tile = panel_tile(w.shape[-1])
+    return PanelWeight.of(w, tile) if tile else w
 
 
 def supports(x, w) -> bool:

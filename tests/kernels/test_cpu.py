@@ -51,13 +51,17 @@ def test_matmul_equals_reference(m, k, n, transposed):
 
 
 @pytest.mark.parametrize("m", [2, 8, 13, 30])
-@pytest.mark.parametrize("layout", ["kn", "panels", "nk"])
+@pytest.mark.parametrize("layout", ["kn", "panels-32", "panels-48", "panels-64", "nk"])
 def test_matmul_rows_do_not_depend_on_their_neighbours(m, layout):
-    # past 6 rows (3 on AVX2) the kernel makes another pass over the block, and "nk" streams one
-    # column at a time for 1-2 rows but takes four past that: each row's products still add up
-    # in the same order as alone, to the bit
+    # past a register block's rows (8 with blocks of 2 or 3 vectors, 6 with 4; AVX2: 6, 4, 3)
+    # the kernel makes another pass over the block, and "nk" streams one column at a time for 1-2
+    # rows but takes four past that: each row's products still add up in the same order as
+    # alone, to the bit (panels of 32 / 48 / 64 columns: blocks of 2 / 3 / 4 AVX-512 vectors)
     w = normal((1, 576, 384), 3)
-    w = {"kn": w, "panels": PanelWeight.of(w, 64), "nk": jnp.swapaxes(w, 1, 2)}[layout]
+    if layout.startswith("panels"):
+        w = PanelWeight.of(w, int(layout.split("-")[1]))
+    elif layout == "nk":
+        w = jnp.swapaxes(w, 1, 2)
     x = normal((m, 576), 4)
     run = jax.jit(lambda x: matmul(x, w, index=0, transposed=layout == "nk", impl="cpu"))
     np.testing.assert_array_equal(run(x), jnp.concatenate([run(x[i:i + 1]) for i in range(m)]))
@@ -84,8 +88,14 @@ def test_matmul_reads_column_panels(m, k, n, dtype):
 
 
 def test_only_widths_of_whole_panels_are_packed():
-    assert isinstance(matmul_cpu.preferred_layout(normal((2, 8, 128))), PanelWeight)
-    assert not isinstance(matmul_cpu.preferred_layout(normal((2, 8, 96))), PanelWeight)
+    # the host's kernel picks a panel of whole column blocks (48 columns with AVX-512, 32 with
+    # AVX2) where it divides N, else a wider or narrower block that does, else none
+    for n in (576, 128, 96, 640):
+        tile = matmul_cpu.panel_tile(n)
+        assert tile in (16, 24, 32, 48, 64) and n % tile == 0
+        assert matmul_cpu.preferred_layout(normal((2, 8, n))).tile == tile
+    assert matmul_cpu.panel_tile(200) == 0
+    assert not isinstance(matmul_cpu.preferred_layout(normal((2, 8, 200))), PanelWeight)
     with pytest.raises(ValueError, match="not a multiple of the tile"):
         PanelWeight.of(normal((8, 96)), 64)
 
