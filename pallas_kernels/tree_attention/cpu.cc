@@ -32,8 +32,59 @@ inline vf load_kv(const uint16_t* p) { return load_bf16(p); }
 template <typename T>
 inline float dot(const float* q, const T* k, int hd) {
   vf acc{};
-  for (int d = 0; d < hd; d += VL) acc += load(q + d) * load_kv(k + d);
+  for (int d = 0; d < hd; d += VL) acc = fma(load(q + d), load_kv(k + d), acc);
   return hsum(acc);
+}
+
+// hsums(a)[j] = hsum(a[j]) for VL vectors at once, each pairing its lanes as hsum does (lane i
+// with i + VL/2, then with i + VL/4, ...), so the scores of a block of keys are dot()'s to the bit.
+#if defined(__AVX512F__)
+constexpr bool BATCHED_SCORES = true;
+inline vf hsums(const vf (&a)[VL]) {
+  auto level = [](vf x, vf y, auto shuffle) { return shuffle(x, y, 0) + shuffle(x, y, 1); };
+  auto chunks = [](int lo, int hi) {
+    return [=](vf x, vf y, int which) { return which ? _mm512_shuffle_f32x4(x, y, hi) : _mm512_shuffle_f32x4(x, y, lo); };
+  };
+  auto lanes = [](int lo, int hi) {
+    return [=](vf x, vf y, int which) { return which ? _mm512_shuffle_ps(x, y, hi) : _mm512_shuffle_ps(x, y, lo); };
+  };
+  vf v[4];
+  for (int s = 0; s < 4; ++s) {
+    const vf t0 = level(a[s], a[s + 4], chunks(0x44, 0xEE)), t1 = level(a[s + 8], a[s + 12], chunks(0x44, 0xEE));
+    v[s] = level(t0, t1, chunks(0x88, 0xDD));
+  }
+  const vf x = level(v[0], v[1], lanes(0x44, 0xEE)), y = level(v[2], v[3], lanes(0x44, 0xEE));
+  return level(x, y, lanes(0x88, 0xDD));
+}
+#elif defined(__AVX2__)
+constexpr bool BATCHED_SCORES = true;
+inline vf hsums(const vf (&a)[VL]) {
+  vf t[4];
+  for (int k = 0; k < 4; ++k)
+    t[k] = _mm256_permute2f128_ps(a[k], a[k + 4], 0x20) + _mm256_permute2f128_ps(a[k], a[k + 4], 0x31);
+  const vf x = _mm256_shuffle_ps(t[0], t[1], 0x44) + _mm256_shuffle_ps(t[0], t[1], 0xEE);
+  const vf y = _mm256_shuffle_ps(t[2], t[3], 0x44) + _mm256_shuffle_ps(t[2], t[3], 0xEE);
+  return _mm256_shuffle_ps(x, y, 0x88) + _mm256_shuffle_ps(x, y, 0xDD);
+}
+#else
+constexpr bool BATCHED_SCORES = false;
+#endif
+
+// scores[j] = dot(q, k + j * stride) for j in [0, SB): VL keys' dot products reduced together
+template <typename T>
+inline void block_scores(const float* q, const T* k, int64_t stride, int hd, float* scores) {
+  if constexpr (BATCHED_SCORES) {
+    for (int j0 = 0; j0 < SB; j0 += VL) {
+      vf acc[VL] = {};
+      for (int d = 0; d < hd; d += VL) {  // the VL keys' sums side by side (each in dot()'s order)
+        const vf qd = load(q + d);
+        for (int j = 0; j < VL; ++j) acc[j] = fma(qd, load_kv(k + (j0 + j) * stride + d), acc[j]);
+      }
+      store(scores + j0, hsums(acc));
+    }
+  } else {
+    for (int j = 0; j < SB; ++j) scores[j] = dot(q, k + j * stride, hd);
+  }
 }
 
 struct Partial {  // one task's online-softmax state for its `rows` queries
@@ -69,11 +120,19 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
       // positions s0 + [0, in_cache) are cache slots, s0 + [in_cache, last) tree nodes
       const int last = int(std::clamp<int64_t>(end - s0, 0, n));
       const int in_cache = int(std::clamp<int64_t>(keys.used - s0, 0, last));
+      const bool whole = last == SB && in_cache == SB;  // cache slots only: the block at once
       float block_max = NEG_INF;
-      for (int j = 0; j < SB; ++j) scores[j] = NEG_INF;
-      for (int j = 0; j < in_cache; ++j) scores[j] = dot(qr, keys.k_cache + (s0 + j) * keys.stride, hd);
-      for (int j = in_cache; j < last; ++j) scores[j] = dot(qr, keys.k_tree + seen[s0 + j - keys.used] * keys.stride, hd);
-      for (int j = 0; j < last; ++j) block_max = std::max(block_max, scores[j]);
+      if (whole) {
+        block_scores(qr, keys.k_cache + s0 * keys.stride, keys.stride, hd, scores);
+        vf m = load(scores);
+        for (int j = VL; j < SB; j += VL) m = m > load(scores + j) ? m : load(scores + j);
+        for (int i = 0; i < VL; ++i) block_max = std::max(block_max, m[i]);
+      } else {
+        for (int j = 0; j < SB; ++j) scores[j] = NEG_INF;
+        for (int j = 0; j < in_cache; ++j) scores[j] = dot(qr, keys.k_cache + (s0 + j) * keys.stride, hd);
+        for (int j = in_cache; j < last; ++j) scores[j] = dot(qr, keys.k_tree + seen[s0 + j - keys.used] * keys.stride, hd);
+        for (int j = 0; j < last; ++j) block_max = std::max(block_max, scores[j]);
+      }
       if (block_max == NEG_INF) continue;
       const float new_max = std::max(out.max[r], block_max);
       const float alpha = out.max[r] == NEG_INF ? 0.f : std::exp(out.max[r] - new_max);
@@ -86,10 +145,23 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
       out.max[r] = new_max;
       out.sum[r] = out.sum[r] * alpha + block_sum;
       float* acc = out.acc + int64_t(r) * hd;
+      if (whole && hd % (4 * VL) == 0) {  // the sums below, 4 vectors of the output side by side
+        const T* v = keys.v_cache + s0 * keys.stride;
+        for (int d = 0; d < hd; d += 4 * VL) {
+          vf a[4];
+          for (int i = 0; i < 4; ++i) a[i] = load(acc + d + i * VL) * alpha;
+          for (int j = 0; j < SB; ++j) {
+            const vf p = splat(scores[j]);
+            for (int i = 0; i < 4; ++i) a[i] = fma(p, load_kv(v + j * keys.stride + d + i * VL), a[i]);
+          }
+          for (int i = 0; i < 4; ++i) store(acc + d + i * VL, a[i]);
+        }
+        continue;
+      }
       for (int d = 0; d < hd; d += VL) {
         vf a = load(acc + d) * alpha;
-        for (int j = 0; j < in_cache; ++j) a += scores[j] * load_kv(keys.v_cache + (s0 + j) * keys.stride + d);
-        for (int j = in_cache; j < last; ++j) a += scores[j] * load(keys.v_tree + seen[s0 + j - keys.used] * keys.stride + d);
+        for (int j = 0; j < in_cache; ++j) a = fma(splat(scores[j]), load_kv(keys.v_cache + (s0 + j) * keys.stride + d), a);
+        for (int j = in_cache; j < last; ++j) a = fma(splat(scores[j]), load(keys.v_tree + seen[s0 + j - keys.used] * keys.stride + d), a);
         store(acc + d, a);
       }
     }
