@@ -19,12 +19,14 @@ using namespace specjax_cpu;
 
 namespace {
 
-#if defined(__AVX512F__)  // (8 rows of 2 vectors measured slower at 4 and 8 rows)
+#if defined(__AVX512F__)
 constexpr int MR = 4;
 constexpr int NV = 4;
+constexpr int HALF_ROWS = 8;  // up to 8 rows: each half of the block (2 vectors) at once
 #else
 constexpr int MR = 3;
 constexpr int NV = 2;
+constexpr int HALF_ROWS = 0;
 #endif
 constexpr int NB = NV * VL;
 constexpr int PREFETCH = 24;  // rows ahead
@@ -46,10 +48,10 @@ struct Weight {
   }
 };
 
-// The NV weight vectors of row r (of every plane) of the column block at n0, converted and scaled.
-template <int P>
-inline void convert_row(const int8_t* q, const vf (&scale)[P][NV], vf (&wv)[P][NV]) {
-  for (int v = 0; v < NV; ++v) {
+// The V weight vectors of row r (of every plane) of the column block at n0, converted and scaled.
+template <int P, int V = NV>
+inline void convert_row(const int8_t* q, const vf (&scale)[P][V], vf (&wv)[P][V]) {
+  for (int v = 0; v < V; ++v) {
     vi b = load_i8(q + v * VL);
     if constexpr (P == 1) {
       wv[0][v] = to_float(b) * scale[0][v];
@@ -60,43 +62,44 @@ inline void convert_row(const int8_t* q, const vf (&scale)[P][NV], vf (&wv)[P][N
   }
 }
 
-template <int P>
-inline void load_scales(const Weight& w, const float* scales, int64_t g, vf (&scale)[P][NV]) {
+template <int P, int V = NV>
+inline void load_scales(const Weight& w, const float* scales, int64_t g, vf (&scale)[P][V]) {
   const int64_t groups = w.K / P / w.group;
   for (int p = 0; p < P; ++p)
-    for (int v = 0; v < NV; ++v) scale[p][v] = load(scales + (p * groups + g) * w.stride() + v * VL);
+    for (int v = 0; v < V; ++v) scale[p][v] = load(scales + (p * groups + g) * w.stride() + v * VL);
 }
 
 // acc[i] += x's row m0 + i times the weight row: the FMAs every path shares (same order, so the
 // converted and the buffered paths give the same bits)
-template <int R, int P>
-inline void accumulate(vf (&acc)[R][NV], const float* x, int64_t K, int64_t rows, int64_t m0, int64_t r,
-                       const vf (&wv)[P][NV]) {
+template <int R, int P, int V = NV>
+inline void accumulate(vf (&acc)[R][V], const float* x, int64_t K, int64_t rows, int64_t m0, int64_t r,
+                       const vf (&wv)[P][V]) {
   for (int i = 0; i < R; ++i)
     for (int p = 0; p < P; ++p) {
       vf xv = splat(x[(m0 + i) * K + p * rows + r]);
-      for (int v = 0; v < NV; ++v) acc[i][v] += xv * wv[p][v];
+      for (int v = 0; v < V; ++v) acc[i][v] += xv * wv[p][v];
     }
 }
 
-// rows [m0, m0 + R) times the column block at n0, converting each weight vector in registers
-template <int R, int P>
+// rows [m0, m0 + R) times the V-vector column block at n0, converting each weight vector in
+// registers
+template <int R, int P, int V = NV>
 void block(const float* x, const Weight& w, float* y, int64_t m0, int64_t n0) {
-  vf acc[R][NV] = {};
+  vf acc[R][V] = {};
   const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride();
   const int8_t* data = w.data_at(n0);
   for (int64_t g = 0; g < groups; ++g) {
-    vf scale[P][NV], wv[P][NV];
-    load_scales<P>(w, w.scales_at(n0), g, scale);
+    vf scale[P][V], wv[P][V];
+    load_scales<P, V>(w, w.scales_at(n0), g, scale);
     for (int64_t r = g * w.group; r < (g + 1) * w.group; ++r) {
       const int8_t* q = data + r * stride;
-      for (int line = 0; line < NB; line += 64) __builtin_prefetch(q + PREFETCH * stride + line);
-      convert_row<P>(q, scale, wv);
-      accumulate<R, P>(acc, x, w.K, rows, m0, r, wv);
+      for (int line = 0; line < V * VL; line += 64) __builtin_prefetch(q + PREFETCH * stride + line);
+      convert_row<P, V>(q, scale, wv);
+      accumulate<R, P, V>(acc, x, w.K, rows, m0, r, wv);
     }
   }
   for (int i = 0; i < R; ++i)
-    for (int v = 0; v < NV; ++v) store(y + (m0 + i) * w.N + n0 + v * VL, acc[i][v]);
+    for (int v = 0; v < V; ++v) store(y + (m0 + i) * w.N + n0 + v * VL, acc[i][v]);
 }
 
 // rows [m0, m0 + R) of y's column block at n0 += x times group g, converted in `buffer`
@@ -120,6 +123,12 @@ void block_from_buffer(const float* x, const Weight& w, const float* buffer, int
 template <int P>
 void columns(const float* x, const Weight& w, float* y, int64_t M, int64_t n0) {
   if (M <= MR) return with_rows<MR>(M, [&](auto r) { block<decltype(r)::value, P>(x, w, y, 0, n0); });
+  if constexpr (HALF_ROWS > 0) {  // a verify's rows: one half of the block, then the other (from L2)
+    if (M <= HALF_ROWS)
+      return with_rows<HALF_ROWS>(M, [&](auto r) {
+        for (int h = 0; h < NV; h += 2) block<decltype(r)::value, P, 2>(x, w, y, 0, n0 + h * VL);
+      });
+  }
   // More rows than one register block: each group is converted once, into a buffer that stays
   // in L1, and every block of rows reads it from there instead of converting it again.
   alignas(64) static thread_local float buffer[MAX_GROUP * 2 * NB];
