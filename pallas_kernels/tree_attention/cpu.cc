@@ -38,33 +38,27 @@ inline float dot(const float* q, const T* k, int hd) {
 
 // hsums(a)[j] = hsum(a[j]) for VL vectors at once, each pairing its lanes as hsum does (lane i
 // with i + VL/2, then with i + VL/4, ...), so the scores of a block of keys are dot()'s to the bit.
+// Each step adds two shuffles of two vectors x, y: the pairs of one level, x's sums then y's.
 #if defined(__AVX512F__)
 constexpr bool BATCHED_SCORES = true;
-inline vf hsums(const vf (&a)[VL]) {
-  auto level = [](vf x, vf y, auto shuffle) { return shuffle(x, y, 0) + shuffle(x, y, 1); };
-  auto chunks = [](int lo, int hi) {
-    return [=](vf x, vf y, int which) { return which ? _mm512_shuffle_f32x4(x, y, hi) : _mm512_shuffle_f32x4(x, y, lo); };
-  };
-  auto lanes = [](int lo, int hi) {
-    return [=](vf x, vf y, int which) { return which ? _mm512_shuffle_ps(x, y, hi) : _mm512_shuffle_ps(x, y, lo); };
-  };
+inline vf add_halves(vf x, vf y) { return _mm512_shuffle_f32x4(x, y, 0x44) + _mm512_shuffle_f32x4(x, y, 0xEE); }
+inline vf add_quarters(vf x, vf y) { return _mm512_shuffle_f32x4(x, y, 0x88) + _mm512_shuffle_f32x4(x, y, 0xDD); }
+inline vf add_pairs(vf x, vf y) { return _mm512_shuffle_ps(x, y, 0x44) + _mm512_shuffle_ps(x, y, 0xEE); }
+inline vf add_neighbours(vf x, vf y) { return _mm512_shuffle_ps(x, y, 0x88) + _mm512_shuffle_ps(x, y, 0xDD); }
+inline vf hsums(const vf (&a)[VL]) {  // (the order of a's vectors makes the sums come out in order)
   vf v[4];
-  for (int s = 0; s < 4; ++s) {
-    const vf t0 = level(a[s], a[s + 4], chunks(0x44, 0xEE)), t1 = level(a[s + 8], a[s + 12], chunks(0x44, 0xEE));
-    v[s] = level(t0, t1, chunks(0x88, 0xDD));
-  }
-  const vf x = level(v[0], v[1], lanes(0x44, 0xEE)), y = level(v[2], v[3], lanes(0x44, 0xEE));
-  return level(x, y, lanes(0x88, 0xDD));
+  for (int s = 0; s < 4; ++s) v[s] = add_quarters(add_halves(a[s], a[s + 4]), add_halves(a[s + 8], a[s + 12]));
+  return add_neighbours(add_pairs(v[0], v[1]), add_pairs(v[2], v[3]));
 }
 #elif defined(__AVX2__)
 constexpr bool BATCHED_SCORES = true;
+inline vf add_halves(vf x, vf y) { return _mm256_permute2f128_ps(x, y, 0x20) + _mm256_permute2f128_ps(x, y, 0x31); }
+inline vf add_pairs(vf x, vf y) { return _mm256_shuffle_ps(x, y, 0x44) + _mm256_shuffle_ps(x, y, 0xEE); }
+inline vf add_neighbours(vf x, vf y) { return _mm256_shuffle_ps(x, y, 0x88) + _mm256_shuffle_ps(x, y, 0xDD); }
 inline vf hsums(const vf (&a)[VL]) {
   vf t[4];
-  for (int k = 0; k < 4; ++k)
-    t[k] = _mm256_permute2f128_ps(a[k], a[k + 4], 0x20) + _mm256_permute2f128_ps(a[k], a[k + 4], 0x31);
-  const vf x = _mm256_shuffle_ps(t[0], t[1], 0x44) + _mm256_shuffle_ps(t[0], t[1], 0xEE);
-  const vf y = _mm256_shuffle_ps(t[2], t[3], 0x44) + _mm256_shuffle_ps(t[2], t[3], 0xEE);
-  return _mm256_shuffle_ps(x, y, 0x88) + _mm256_shuffle_ps(x, y, 0xDD);
+  for (int k = 0; k < 4; ++k) t[k] = add_halves(a[k], a[k + 4]);
+  return add_neighbours(add_pairs(t[0], t[1]), add_pairs(t[2], t[3]));
 }
 #else
 constexpr bool BATCHED_SCORES = false;

@@ -148,7 +148,7 @@ def test_sharded_checkpoints_restore_onto_another_mesh(target, tmp_path):
     assert layout(moved.params["layers"]["wk"]) == (None, None, "model")
     assert dict(moved.params["layers"]["wk"].sharding.mesh.shape) == {"data": 4, "model": 2}
     single = sj.load(tmp_path / "model")
-    assert len(single.params["layers"]["wq"].sharding.device_set) == 1
+    assert all(len(leaf.sharding.device_set) == 1 for leaf in jax.tree.leaves(single.params["layers"]["wq"]))
     for a, b, c in zip(*(jax.tree.leaves(portable_layout(m.params)) for m in (target, moved, single))):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
         np.testing.assert_array_equal(np.asarray(c), np.asarray(a))
