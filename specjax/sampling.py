@@ -14,6 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import argmax
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
@@ -46,7 +48,7 @@ def probs(logits: jax.Array, params: SamplingParams) -> jax.Array:
     """Processed float32 distribution over the last axis of `logits`."""
     logits = logits.astype(jnp.float32)
     if params.greedy:
-        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+        return jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
     logits = logits / params.temperature
     if params.top_k is not None and params.top_k < logits.shape[-1]:
         kth = jax.lax.top_k(logits, params.top_k)[0][..., -1:]

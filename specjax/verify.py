@@ -26,6 +26,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import argmax
 from specjax.tree import DraftTree, Verdict, row_gather
 
 __all__ = [
@@ -114,7 +115,7 @@ def _noise(key: jax.Array, b: int, n: int, v: int) -> tuple[jax.Array, jax.Array
 
 def _draw(p: jax.Array, gumbel: jax.Array) -> jax.Array:
     """int32[B]: Gumbel-max draw from p float[B, V] (rows need not be normalised)."""
-    return jnp.argmax(jnp.log(jnp.maximum(p, 0.0)) + gumbel, axis=-1).astype(jnp.int32)
+    return argmax(jnp.log(jnp.maximum(p, 0.0)) + gumbel)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +124,10 @@ class Greedy(Verifier):
     index); next token = argmax at the end of the path. Exact at temperature 0; `key` unused."""
 
     def _verify(self, tree, p, key):
-        argmax = jax.lax.top_k(p, 1)[1][..., 0]  # ties to the lowest index; faster on CPU
-        argmax_par = jnp.take_along_axis(argmax, jnp.maximum(tree.parents, 0), axis=1)
-        node = _best_path(tree, tree.tokens == argmax_par)
-        return _verdict(tree, node, row_gather(argmax, node))
+        top = argmax(p)  # ties to the lowest index
+        top_at_parent = jnp.take_along_axis(top, jnp.maximum(tree.parents, 0), axis=1)
+        node = _best_path(tree, tree.tokens == top_at_parent)
+        return _verdict(tree, node, row_gather(top, node))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,8 +31,8 @@ import jaxlib
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted(ROOT.glob("*/cpu.cc"))
 HEADERS = sorted(ROOT.glob("ffi/*.h"))
-TARGETS = ("specjax_matmul", "specjax_quant_matmul", "specjax_quant_matmul_a8", "specjax_rms_norm",
-           "specjax_tree_attention")
+TARGETS = ("specjax_argmax", "specjax_matmul", "specjax_quant_matmul", "specjax_quant_matmul_a8",
+           "specjax_rms_norm", "specjax_tree_attention")
 
 
 def cache_dir() -> Path:

@@ -80,6 +80,20 @@ inline vi load_i8(const int8_t* p) {
 }
 inline vf to_float(vi v) { return __builtin_convertvector(v, vf); }
 
+inline float hmax(vf v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps(v);
+#elif defined(__AVX__)
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+#else
+  float m = v[0];
+  for (int i = 1; i < VL; ++i) m = std::max(m, v[i]);
+  return m;
+#endif
+}
+
 inline float hsum(vf v) {
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps(v);

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import argmax
 from specjax.pytrees import register_dataclass
 
 NEG_INF = -jnp.inf
@@ -45,7 +46,7 @@ def predict(logits: jax.Array, temperature: float = 0.0, key: jax.Array | None =
     still that of the unperturbed softmax."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     scores = logp if temperature == 0 else logp + temperature * jax.random.gumbel(key, logp.shape)
-    x0 = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    x0 = argmax(scores)
     conf = jnp.exp(jnp.take_along_axis(logp, x0[..., None], axis=-1)[..., 0])
     entropy = -jnp.sum(jnp.exp(logp) * jnp.where(jnp.isfinite(logp), logp, 0.0), axis=-1)
     return Prediction(x0, conf, entropy)
@@ -206,7 +207,7 @@ class Credit(Rule):
     def fuse(self, logits, state, ctx):
         credit = jnp.where(ctx.first, 0.0, self.beta * state)
         p = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-        top = jnp.argmax(p, axis=-1)
+        top = argmax(p)
         earned = jnp.take_along_axis(p, top[..., None], axis=-1) ** self.gamma
         credit = credit + jnp.where(ctx.eligible[..., None], jax.nn.one_hot(top, p.shape[-1]) * earned, 0.0)
         return logits + self.alpha * jnp.log1p(credit), credit

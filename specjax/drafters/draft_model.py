@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import argmax
 from specjax import sampling, verify
 from specjax.drafters.base import Context, Drafter
 from specjax.models import KVCache, Model, forward
@@ -227,7 +228,7 @@ class DraftModel(Drafter):
         logd = jnp.log(dist)
         noise = jnp.zeros(logd.shape) if greedy else sampling.gumbel(key, logd.shape)
         if self.mode == "chain" or (self.mode == "iid" and level > 0):
-            per = jnp.argmax(logd + noise, -1).astype(jnp.int32)  # one child per node
+            per = argmax(logd + noise)  # one child per node
             return per, jnp.broadcast_to(jnp.arange(n_prev), (b, n_prev)), score, logq
         if self.mode == "iid":  # level 1: k independent draws from the root (top-k when greedy)
             if greedy:

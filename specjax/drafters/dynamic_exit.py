@@ -33,6 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import argmax
 from specjax.drafters.blocks import self_draft
 from specjax.drafters.base import Context
 from specjax.models import Model, ModelConfig, lm_head
@@ -97,13 +98,13 @@ class DEL(self_draft.SelfDrafter):
         pos = lengths[:, None] - 2 - jnp.arange(self.window)[None, :]  # predicting prompt tokens
         seen = pos >= 0
         at = lambda x: jnp.take_along_axis(x, jnp.maximum(pos, 0)[:, :, None], axis=1)
-        want = jnp.argmax(lm_head(target.config, target.params, at(prefill.hidden)), -1)
+        want = argmax(lm_head(target.config, target.params, at(prefill.hidden)))
         return DELState(self._agreement(target, jax.vmap(at)(prefill.layer_hidden), want, seen))
 
     def _agreement(self, target: Model, layer_hidden: jax.Array, want: jax.Array, seen: jax.Array) -> jax.Array:
         """float32[B, exits]: the share of the `seen` positions (bool[B, P]) where each exit's
         argmax (layer_hidden [exits, B, P, E]) equals `want` int[B, P]; 0 where none is seen."""
-        shadow = jnp.argmax(exit_logits(target.config, target.params, layer_hidden), -1)
+        shadow = argmax(exit_logits(target.config, target.params, layer_hidden))
         hits = jnp.sum((shadow == want[None]) & seen[None], -1).T
         return hits / jnp.maximum(seen.sum(-1), 1)[:, None]
 
@@ -128,7 +129,7 @@ class DEL(self_draft.SelfDrafter):
         """Shadow tokens at the accepted path against the target's argmax there."""
         path = verdict.path
         seen = jnp.arange(path.shape[1])[None, :] <= verdict.num_accepted[:, None]
-        want = jnp.argmax(jnp.take_along_axis(target_out.logits, path[:, :, None], axis=1), -1)
+        want = argmax(jnp.take_along_axis(target_out.logits, path[:, :, None], axis=1))
         at_path = jax.vmap(lambda x: jnp.take_along_axis(x, path[:, :, None], axis=1))(target_out.layer_hidden)
         rate = self._agreement(ctx.model, at_path, want, seen)
         return DELState(self.decay * state.alpha + (1 - self.decay) * rate)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import argmax
 from specjax import sampling, verify
 from specjax.drafters.base import Context, Drafter
 from specjax.pytrees import register_dataclass
@@ -69,9 +70,9 @@ class SpeculativeJacobi(Drafter):
         laws = state.laws
         known = jnp.arange(self.window)[None, :] < state.known[:, None]  # [B, W]
         if ctx.sampling.greedy:
-            guess = jnp.argmax(laws, axis=-1)
+            guess = argmax(laws)
         else:
-            guess = jnp.argmax(jnp.log(laws) + sampling.gumbel(key, laws.shape), axis=-1)
+            guess = argmax(jnp.log(laws) + sampling.gumbel(key, laws.shape))
         guess = jnp.where(known, guess, ctx.root[:, None]).astype(jnp.int32)
         tokens = jnp.concatenate([ctx.root[:, None], guess], axis=1)
         if ctx.sampling.greedy:

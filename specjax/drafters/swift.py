@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import argmax
 from specjax.drafters.blocks import self_draft
 from specjax.drafters.base import Context
 from specjax.models import Model, lm_head
@@ -125,6 +126,6 @@ class Swift(self_draft.SelfDrafter):
         keep = jnp.broadcast_to(~skip[:, None, :], (2, b, skip.shape[1]))
         hidden, _ = skip_forward(cfg, params, seq[:, :-1], ctx.cache._replace(lengths=prompt_len - 1),
                                  empty_block(cfg, b, self.window), 0, keep[0], keep[1])
-        guess = jnp.argmax(lm_head(cfg, params, hidden), -1)
+        guess = argmax(lm_head(cfg, params, hidden))
         hits = jnp.sum((guess == seq[:, 1:]) & ready[:, None])
         return hits / jnp.maximum(ready.sum() * self.window, 1)

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import ffi, quantize
+from pallas_kernels import argmax, ffi, quantize
+from pallas_kernels.argmax import reference as argmax_ref
 from pallas_kernels.matmul import PanelWeight, matmul
 from pallas_kernels.matmul import cpu as matmul_cpu
 from pallas_kernels.matmul import reference as matmul_ref
@@ -249,6 +250,38 @@ def test_rms_norm_bfloat16_vmap_grad_and_many_rows():
     close(jax.grad(lambda x: f(x).sum())(x), jax.grad(lambda x: ref(x).sum())(x))
     many = normal((8193, 64), 3)  # past the kernel's elements (a prefill): XLA's fusion
     assert "specjax_rms_norm" not in jax.jit(f).lower(many).as_text()
+
+
+# ---- argmax --------------------------------------------------------------------------------------
+
+def scores(kind, m, v, seed):
+    x = np.array(normal((m, v), seed))
+    if kind == "ties":  # few distinct values: the first maximum must win, in a later chunk too
+        x = np.random.default_rng(seed).integers(0, 3, (m, v)).astype(np.float32)
+    elif kind == "-inf":  # a row of -inf alone: index 0; another with one finite entry late
+        x[:] = -np.inf
+        x[-1, v - 1] = 0.0
+    elif kind == "nan":  # the first NaN wins over any number (jnp.argmax's rule)
+        x[:, (2 * v) // 3] = np.nan
+        x[0, v - 1] = np.nan
+    return jnp.asarray(x)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "-inf", "nan"])
+@pytest.mark.parametrize("m,v", [(1, 1), (2, 15), (3, 17), (1, 16384), (2, 16385), (8, 49152), (1, 50001)])
+def test_argmax_equals_reference(kind, m, v):
+    x = scores(kind, m, v, seed=m + v)
+    np.testing.assert_array_equal(jax.jit(lambda x: argmax(x, impl="cpu"))(x), argmax_ref.argmax(x))
+    assert "specjax_argmax" in jax.jit(lambda x: argmax(x, impl="cpu")).lower(x).as_text()
+
+
+def test_argmax_vmap_batches_and_grad_passes_through():
+    x = normal((4, 3, 1000), 1)
+    f = lambda x: argmax(x, impl="cpu")
+    np.testing.assert_array_equal(jax.vmap(f)(x), argmax_ref.argmax(x))
+    np.testing.assert_array_equal(f(x.astype(jnp.bfloat16)), argmax_ref.argmax(x.astype(jnp.bfloat16)))
+    picked = lambda x: jnp.take_along_axis(x, f(x)[..., None], -1).sum()  # a differentiated caller
+    np.testing.assert_array_equal(jax.grad(picked)(x), jax.nn.one_hot(argmax_ref.argmax(x), 1000))
 
 
 # ---- tree attention ------------------------------------------------------------------------------

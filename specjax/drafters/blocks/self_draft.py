@@ -16,6 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import argmax
 from specjax import sampling, verify
 from specjax.drafters.base import Context, Drafter
 from specjax.models import lm_head
@@ -76,11 +77,11 @@ def draft_chain(ctx: Context, key: jax.Array, keep_attn: jax.Array, keep_mlp: ja
         hidden, block = skip_forward(cfg, params, tokens[:, j][:, None], ctx.cache, block, j, keep_attn, keep_mlp)
         logits = lm_head(cfg, params, hidden[:, 0])
         if greedy:
-            token = jnp.argmax(logits, -1).astype(jnp.int32)
+            token = argmax(logits)
         else:
             dist = sampling.probs(logits, ctx.sampling)
             noise = sampling.gumbel(jax.random.fold_in(key, j), dist.shape)
-            token = jnp.argmax(jnp.log(dist) + noise, -1).astype(jnp.int32)
+            token = argmax(jnp.log(dist) + noise)
             q = q.at[:, j + 1].set(dist)
         confidence = jnp.take_along_axis(jax.nn.softmax(logits, -1), token[:, None], 1)[:, 0]
         tokens = tokens.at[:, j + 1].set(jnp.where(alive, token, 0))
