@@ -11,7 +11,8 @@ from pallas_kernels import ffi
 
 
 def supports(x) -> bool:
-    return x.ndim >= 1 and x.shape[-1] > 0 and x.size > 0 and ffi.available()
+    """Float scores with at least one entry a row (integers keep XLA's exact compare)."""
+    return jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 1 and x.size > 0 and ffi.available()
 
 
 @jax.custom_batching.custom_vmap

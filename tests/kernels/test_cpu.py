@@ -275,13 +275,15 @@ def test_argmax_equals_reference(kind, m, v):
     assert "specjax_argmax" in jax.jit(lambda x: argmax(x, impl="cpu")).lower(x).as_text()
 
 
-def test_argmax_vmap_batches_and_grad_passes_through():
+def test_argmax_vmap_grad_and_integers():
     x = normal((4, 3, 1000), 1)
     f = lambda x: argmax(x, impl="cpu")
     np.testing.assert_array_equal(jax.vmap(f)(x), argmax_ref.argmax(x))
     np.testing.assert_array_equal(f(x.astype(jnp.bfloat16)), argmax_ref.argmax(x.astype(jnp.bfloat16)))
     picked = lambda x: jnp.take_along_axis(x, f(x)[..., None], -1).sum()  # a differentiated caller
     np.testing.assert_array_equal(jax.grad(picked)(x), jax.nn.one_hot(argmax_ref.argmax(x), 1000))
+    ids = jnp.arange(2**24 + 1, 2**24 - 9, -1)  # integers keep XLA's compare (as floats they would tie)
+    assert "specjax_argmax" not in jax.jit(f).lower(ids).as_text() and f(ids) == 0
 
 
 # ---- tree attention ------------------------------------------------------------------------------
