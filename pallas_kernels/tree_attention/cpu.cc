@@ -129,9 +129,8 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
       }
       if (block_max == NEG_INF) continue;
       const float new_max = std::max(out.max[r], block_max);
-      // (alpha is exactly 1 while the maximum holds, the common case: its products are skipped)
-      const bool rescale = new_max != out.max[r];
-      const float alpha = out.max[r] == NEG_INF ? 0.f : rescale ? std::exp(out.max[r] - new_max) : 1.f;
+      // (while the maximum holds, the common case, alpha is exactly 1: no exp to compute)
+      const float alpha = new_max == out.max[r] ? 1.f : out.max[r] == NEG_INF ? 0.f : std::exp(out.max[r] - new_max);
       float block_sum = 0.f;
       for (int j = 0; j < SB; j += VL) {
         vf p = exp_nonpositive(load(scores + j) - new_max);
@@ -139,13 +138,13 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
         block_sum += hsum(p);
       }
       out.max[r] = new_max;
-      out.sum[r] = rescale ? out.sum[r] * alpha + block_sum : out.sum[r] + block_sum;
+      out.sum[r] = out.sum[r] * alpha + block_sum;
       float* acc = out.acc + int64_t(r) * hd;
       if (whole && hd % (4 * VL) == 0) {  // the sums below, 4 vectors of the output side by side
         const T* v = keys.v_cache + s0 * keys.stride;
         for (int d = 0; d < hd; d += 4 * VL) {
           vf a[4];
-          for (int i = 0; i < 4; ++i) a[i] = rescale ? load(acc + d + i * VL) * alpha : load(acc + d + i * VL);
+          for (int i = 0; i < 4; ++i) a[i] = load(acc + d + i * VL) * alpha;
           for (int j = 0; j < SB; ++j) {
             const vf p = splat(scores[j]);
             for (int i = 0; i < 4; ++i) a[i] = fma(p, load_kv(v + j * keys.stride + d + i * VL), a[i]);
@@ -155,7 +154,7 @@ void attend(const float* q, int rows, int hd, const Keys<T>& keys, int64_t p0, i
         continue;
       }
       for (int d = 0; d < hd; d += VL) {
-        vf a = rescale ? load(acc + d) * alpha : load(acc + d);
+        vf a = load(acc + d) * alpha;
         for (int j = 0; j < in_cache; ++j) a = fma(splat(scores[j]), load_kv(keys.v_cache + (s0 + j) * keys.stride + d), a);
         for (int j = in_cache; j < last; ++j) a = fma(splat(scores[j]), load(keys.v_tree + seen[s0 + j - keys.used] * keys.stride + d), a);
         store(acc + d, a);
