@@ -273,7 +273,7 @@ constexpr int A8_COLS = 64;  // a column block: 4 vectors of 16 int32 (AVX-512) 
 // int32 lane holds one column's 4 rows; lane (c, d) of vector j (128-bit chunk c, dword d) is then
 // column 16 c + 4 j + d of the block, and the scales and outputs move the same way (a transpose
 // of 128-bit chunks, which is its own inverse).
-constexpr int A8_MR = 4;
+constexpr int A8_MR = 3;  // rows of a block in the panel path (their sums fill the registers)
 
 inline void chunk_transpose(__m512 (&v)[4]) {
   const __m512 a = _mm512_shuffle_f32x4(v[0], v[1], 0x44), b = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
@@ -311,14 +311,23 @@ struct A8Block {  // one column block's group: where its weights, scales and act
   float* acc;  // [M, 64] float sums so far, columns in the transposed order
 };
 
-// rows [m0, m0 + R): acc += x's group g times the weights of planes [p0, p0 + Q) (int32 sums,
-// then scaled per plane, plane by plane: every path adds a row's floats in the same order)
+// sum + the products of a's unsigned and b's signed bytes, four to a lane (vpdpbusd), in sum's
+// own register: with the intrinsic GCC 12 copies each accumulator to another register and back
+// around every instruction.
+inline __m512i dpbusd(__m512i sum, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(a), "v"(b));
+  return sum;
+}
+
+// Row i's int32 sums start at -offset x (its group sum of x), so that adding the unsigned
+// weights' products leaves the signed weights' products, exactly.
+inline __m512i a8_start(const A8Block& b, int64_t m, int p) {
+  return _mm512_set1_epi32(int32_t(-b.offset * b.x.sums[m * (b.K / b.group) + p * b.groups + b.g]));
+}
+
+// sum[p][i] += x's row m0 + i, group g, plane p0 + p, times the unsigned weights
 template <int R, int Q, typename Weights>
-inline void a8_rows(const A8Block& b, int64_t m0, int p0, const __m512 (*scale)[4], Weights weights) {
-  __m512i sum[Q][R][4];
-  for (int p = 0; p < Q; ++p)
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < 4; ++j) sum[p][i][j] = _mm512_setzero_si512();
+inline void a8_sums(const A8Block& b, int64_t m0, int p0, Weights weights, __m512i (&sum)[Q][R][4]) {
   for (int64_t qd = 0; qd < b.group / 4; ++qd) {
     __m512i w[Q][4];
     weights(qd, w);
@@ -327,72 +336,126 @@ inline void a8_rows(const A8Block& b, int64_t m0, int p0, const __m512 (*scale)[
         int32_t xq;
         std::memcpy(&xq, &b.x.q[(m0 + i) * b.K + (p0 + p) * b.rows + b.g * b.group + 4 * qd], 4);
         const __m512i xv = _mm512_set1_epi32(xq);
-        for (int j = 0; j < 4; ++j) sum[p][i][j] = _mm512_dpbusd_epi32(sum[p][i][j], w[p][j], xv);
+        for (int j = 0; j < 4; ++j) sum[p][i][j] = dpbusd(sum[p][i][j], w[p][j], xv);
       }
   }
+}
+
+// rows [m0, m0 + R): acc += x's group g times the weights of planes [p0, p0 + Q) (int32 sums,
+// then scaled per plane, plane by plane: every path adds a row's floats in the same order)
+template <int R, int Q, typename Weights>
+inline void a8_rows(const A8Block& b, int64_t m0, int p0, const __m512 (*scale)[4], Weights weights) {
+  __m512i sum[Q][R][4];
+  for (int p = 0; p < Q; ++p)
+    for (int i = 0; i < R; ++i) {
+      const __m512i start = a8_start(b, m0 + i, p0 + p);
+      for (int j = 0; j < 4; ++j) sum[p][i][j] = start;
+    }
+  a8_sums<R, Q>(b, m0, p0, weights, sum);
   for (int i = 0; i < R; ++i) {
     float* acc = b.acc + (m0 + i) * A8_COLS;
-    for (int p = 0; p < Q; ++p) {
-      const int64_t group_sum = b.x.sums[(m0 + i) * (b.K / b.group) + (p0 + p) * b.groups + b.g];
-      const __m512i off = _mm512_set1_epi32(int32_t(b.offset * group_sum));
-      for (int j = 0; j < 4; ++j) {
-        const __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum[p][i][j], off));
-        _mm512_storeu_ps(acc + 16 * j, _mm512_fmadd_ps(s, scale[p0 + p][j], _mm512_loadu_ps(acc + 16 * j)));
+    for (int p = 0; p < Q; ++p)
+      for (int j = 0; j < 4; ++j)
+        _mm512_storeu_ps(acc + 16 * j, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][i][j]), scale[p0 + p][j],
+                                                       _mm512_loadu_ps(acc + 16 * j)));
+  }
+}
+
+// rows [m0, m0 + R) of y's column block: x times every group of the block's converted weights
+// (`panel`: group, plane, quad; `scale`: group, plane, in the transposed order), the float sums
+// held in registers over all of K
+template <int R, int P>
+void a8_panel_rows(const Rows8& x, const Weight& w, const __m512i* panel, const __m512* scale, float* y,
+                   int64_t m0, int64_t n0) {
+  const int64_t rows = w.K / P, groups = rows / w.group, quads = w.group / 4;
+  __m512 acc[R][4];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const A8Block b{x, w.K, rows, groups, g, w.group, P == 1 ? 128 : 8, nullptr};
+    for (int p = 0; p < P; ++p) {
+      __m512i sum[1][R][4];
+      for (int i = 0; i < R; ++i) {
+        const __m512i start = a8_start(b, m0 + i, p);
+        for (int j = 0; j < 4; ++j) sum[0][i][j] = start;
       }
+      const __m512i* weights = panel + (g * P + p) * quads * 4;
+      auto plane = [&](int64_t qd, __m512i (&out)[1][4]) {
+        for (int j = 0; j < 4; ++j) out[0][j] = weights[qd * 4 + j];
+      };
+      a8_sums<R, 1>(b, m0, p, plane, sum);
+      const __m512* s = scale + (g * P + p) * 4;
+      for (int i = 0; i < R; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[0][i][j]), s[j], acc[i][j]);
     }
+  }
+  for (int i = 0; i < R; ++i) {
+    chunk_transpose(acc[i]);
+    const __m512 s = _mm512_set1_ps(x.scale[m0 + i]);
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + (m0 + i) * w.N + n0 + 16 * j, _mm512_mul_ps(acc[i][j], s));
   }
 }
 
 template <int P>
 void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0) {
-  const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride();
-  static thread_local std::vector<float> acc;
-  acc.assign(M * A8_COLS, 0.f);
-  alignas(64) static thread_local __m512i buffer[MAX_GROUP / 4][P][4];
+  const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride(), quads = w.group / 4;
   const int8_t* data = w.data_at(n0);
   const float* scales = w.scales_at(n0);
-  constexpr int DIRECT = 4 / P;  // rows whose sums of every plane fit the registers at once
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512 scale[P][4];
+  auto transposed_scales = [&](int64_t g, __m512 (&scale)[P][4]) {
     for (int p = 0; p < P; ++p) {
       for (int j = 0; j < 4; ++j) scale[p][j] = _mm512_loadu_ps(scales + (p * groups + g) * stride + 16 * j);
       chunk_transpose(scale[p]);
     }
-    const A8Block b{x, w.K, rows, groups, g, w.group, P == 1 ? 128 : 8, acc.data()};
-    const int8_t* q = data + g * w.group * stride;
-    if (M <= DIRECT) {  // one register block: straight from the converted vectors
+  };
+  constexpr int DIRECT = 4 / P;  // rows whose sums of every plane fit the registers at once
+  if (M <= DIRECT) {  // one register block: each group straight from the converted vectors
+    static thread_local std::vector<float> acc;
+    acc.assign(M * A8_COLS, 0.f);
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 scale[P][4];
+      transposed_scales(g, scale);
+      const A8Block b{x, w.K, rows, groups, g, w.group, P == 1 ? 128 : 8, acc.data()};
+      const int8_t* q = data + g * w.group * stride;
       auto converted = [&](int64_t qd, __m512i (&out)[P][4]) { quad<P>(q + 4 * qd * stride, stride, out); };
       with_rows<DIRECT>(M, [&](auto r) { a8_rows<decltype(r)::value, P>(b, 0, 0, scale, converted); });
-      continue;
     }
-    // more rows: the group is converted once into a buffer that stays in L1, and blocks of
-    // A8_MR rows take its planes one at a time
-    // (converting runs ahead of the sums here, so it asks for the rows PREFETCH ahead; measured
-    // slower in the direct path, where the sums between the loads hide them)
-    for (int64_t qd = 0; qd < w.group / 4; ++qd) {
-      const int8_t* rows4 = q + 4 * qd * stride;
+    for (int64_t m = 0; m < M; ++m) {
+      __m512 v[4];
+      for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_ps(acc.data() + m * A8_COLS + 16 * j);
+      chunk_transpose(v);
+      const __m512 s = _mm512_set1_ps(x.scale[m]);
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + m * w.N + n0 + 16 * j, _mm512_mul_ps(v[j], s));
+    }
+    return;
+  }
+  // More rows: the block's whole K is converted once into a buffer (L2), and blocks of A8_MR
+  // rows read it from there with their float sums in registers. (Converting runs ahead of the
+  // sums here, so it asks for the rows PREFETCH ahead; measured slower in the direct path, where
+  // the sums between the loads hide them.)
+  static thread_local std::vector<__m512i> panel;
+  static thread_local std::vector<__m512> panel_scales;
+  panel.resize(groups * P * quads * 4);
+  panel_scales.resize(groups * P * 4);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t qd = 0; qd < quads; ++qd) {
+      const int8_t* rows4 = data + (g * w.group + 4 * qd) * stride;
       for (int i = 0; i < 4; ++i) __builtin_prefetch(rows4 + (PREFETCH + i) * stride);
-      quad<P>(rows4, stride, buffer[qd]);
+      __m512i out[P][4];
+      quad<P>(rows4, stride, out);
+      for (int p = 0; p < P; ++p)
+        for (int j = 0; j < 4; ++j) panel[((g * P + p) * quads + qd) * 4 + j] = out[p][j];
     }
-    auto rows_block = [&](auto r, int64_t m0) {
-      for (int p = 0; p < P; ++p) {
-        auto plane = [&](int64_t qd, __m512i (&out)[1][4]) {
-          for (int j = 0; j < 4; ++j) out[0][j] = buffer[qd][p][j];
-        };
-        a8_rows<decltype(r)::value, 1>(b, m0, p, scale, plane);
-      }
-    };
-    const int64_t whole = M - M % A8_MR;
-    for (int64_t m0 = 0; m0 < whole; m0 += A8_MR) rows_block(std::integral_constant<int, A8_MR>{}, m0);
-    with_rows<A8_MR>(M - whole, [&](auto r) { rows_block(r, whole); });
+    __m512 scale[P][4];
+    transposed_scales(g, scale);
+    for (int p = 0; p < P; ++p)
+      for (int j = 0; j < 4; ++j) panel_scales[(g * P + p) * 4 + j] = scale[p][j];
   }
-  for (int64_t m = 0; m < M; ++m) {
-    __m512 v[4];
-    for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_ps(acc.data() + m * A8_COLS + 16 * j);
-    chunk_transpose(v);
-    const __m512 s = _mm512_set1_ps(x.scale[m]);
-    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + m * w.N + n0 + 16 * j, _mm512_mul_ps(v[j], s));
-  }
+  const int64_t whole = M - M % A8_MR;
+  for (int64_t m0 = 0; m0 < whole; m0 += A8_MR)
+    a8_panel_rows<A8_MR, P>(x, w, panel.data(), panel_scales.data(), y, m0, n0);
+  with_rows<A8_MR>(M - whole, [&](auto r) {
+    a8_panel_rows<decltype(r)::value, P>(x, w, panel.data(), panel_scales.data(), y, whole, n0);
+  });
 }
 #else
 // Portable: the same sums, a row of x at a time, each weight row's 64 columns at once (which
