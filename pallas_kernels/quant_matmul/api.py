@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pallas_kernels import ffi
 from pallas_kernels.backend import pick_impl
 from pallas_kernels.quant_matmul import cpu, gpu, reference, tpu
 from pallas_kernels.quant_matmul.weight import QuantizedWeight
@@ -34,6 +35,13 @@ def quantized_matmul(x, qw: QuantizedWeight, *, index=None, act_bits: int | None
         return tpu.quantized_matmul(x, qw, act_bits=act_bits, out_dtype=out_dtype,
                                     interpret=interpret)
     return reference.quantized_matmul(x, qw, act_bits=act_bits, out_dtype=out_dtype)
+
+
+def runs_cpu_kernel(rows: int, act_bits: int | None) -> bool:
+    """Whether a quantized matmul over `rows` rows runs the CPU kernel on jax's default backend
+    (with int8 activations at any number of rows). The kernel reads a layer from its stack: a
+    caller should then pass the stack and the layer's index rather than a slice."""
+    return pick_impl(None, False) == "cpu" and (act_bits == 8 or rows <= cpu.MAX_ROWS) and ffi.available()
 
 
 def kernel_layout(qw: QuantizedWeight) -> QuantizedWeight:

@@ -47,6 +47,7 @@ from specjax.models.llama import (
     mlp_block,
     rms_norm,
     rope_inv_freq,
+    rope_tables,
 )
 from specjax.models.params import LAYER as LLAMA_LAYER
 from specjax.models.params import Param, Stacked, shapes
@@ -177,12 +178,12 @@ def block(cfg: CloverConfig, params: dict, hidden: jax.Array, emb: jax.Array, po
     x = res_attention(params["rnn1"], hidden.astype(jnp.float32), emb, c.num_heads, c.rms_norm_eps)
     if cache is None:
         cache = init_cache(cfg, x.shape[0], 0)
-    inv_freq = rope_inv_freq(c)
+    rope = rope_tables(positions, rope_inv_freq(c))
     ks, vs = [], []
     for i in range(c.num_layers):
         lp = {name: w[i] for name, w in params["block"].items()}
         a, k, v = attention_block(c, lp, rms_norm(x, lp["attn_norm"], c.rms_norm_eps), positions, mask,
-                                   cache.k[i], cache.v[i], cache.lengths, inv_freq)
+                                   cache.k[i], cache.v[i], cache.lengths, rope)
         x = x + a
         x = x + mlp_block(lp, rms_norm(x, lp["mlp_norm"], c.rms_norm_eps))
         ks.append(k)

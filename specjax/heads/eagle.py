@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.models import KVCache, ModelConfig
-from specjax.models.llama import apply_rope, attention_block, dense, mlp_block, rms_norm, rope_inv_freq
+from specjax.models.llama import apply_rope, attention_block, dense, mlp_block, rms_norm, rope_inv_freq, rope_tables
 from specjax.models.params import LAYER as LLAMA_LAYER
 from specjax.models.params import Param, random_params, shapes
 
@@ -195,7 +195,7 @@ def step(cfg: EagleConfig, params: dict, emb: jax.Array, feat: jax.Array, positi
     lp = params["layer"]
     x, residual = _inputs(cfg, params, emb, feat)
     attn, k, v = attention_block(cfg.layer, lp, x, positions, tree_mask, cache.k[0], cache.v[0],
-                                  cache.lengths, rope_inv_freq(cfg.layer))
+                                  cache.lengths, rope_tables(positions, rope_inv_freq(cfg.layer)))
     return _finish(cfg, lp, residual, attn), k, v
 
 
@@ -250,9 +250,9 @@ def unroll(cfg: EagleConfig, params: dict, emb: jax.Array, feat0: jax.Array, num
     diag_k, diag_v = [], []
     for i in range(num_steps):
         x, residual = _inputs(cfg, params, emb[:, i:i + t], feat)
-        pos = pos0 + i
-        q = apply_rope(dense(x, lp["wq"]).reshape(b, t, lc.num_heads, lc.head_dim), pos, inv)
-        k = apply_rope(dense(x, lp["wk"]).reshape(b, t, lc.num_kv_heads, lc.head_dim), pos, inv)
+        rope = rope_tables(pos0 + i, inv)
+        q = apply_rope(dense(x, lp["wq"]).reshape(b, t, lc.num_heads, lc.head_dim), rope)
+        k = apply_rope(dense(x, lp["wk"]).reshape(b, t, lc.num_kv_heads, lc.head_dim), rope)
         v = dense(x, lp["wv"]).reshape(b, t, lc.num_kv_heads, lc.head_dim)
         qg = q.reshape(b, t, lc.num_kv_heads, g, lc.head_dim) * scale
         if i == 0:

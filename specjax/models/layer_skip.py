@@ -21,10 +21,9 @@ import jax.numpy as jnp
 
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from pallas_kernels.matmul import runs_cpu_kernel
 from specjax.models.layer_list import is_split
-from specjax.models.llama import (attention_output, attention_qkv, layer_loop, layer_params,
-                                  layer_rope_and_windows, lm_head, mlp_residual, norm)
+from specjax.models.llama import (attention_output, attention_qkv, layer_loop, layer_params, reads_in_place,
+                                  layer_rope_and_windows, lm_head, mlp_residual, norm, rope_tables)
 
 
 def empty_block(config: ModelConfig, batch: int, slots: int) -> tuple[jax.Array, jax.Array]:
@@ -52,15 +51,15 @@ def skip_forward(config: ModelConfig, params: dict, tokens: jax.Array, cache: KV
     inv_freqs, windows = layer_rope_and_windows(c)
     layers = params["layers"]
     split = is_split(layers)  # LayerLists: a loop unrolled at trace time reads each layer's buffers
-    in_place = not split and runs_cpu_kernel(b * t)  # the CPU kernels read weights and cache from their stacks
+    in_place = reads_in_place(layers, b * t)  # the CPU kernels read weights and cache from their stacks
 
     def layer(x, xs):
-        i, k_blk, v_blk, attn_on, mlp_on, inv_freq, window = xs
+        i, k_blk, v_blk, attn_on, mlp_on, rope, window = xs
         lp = lambda: layer_params(layers, i, in_place)  # read inside the branch that runs
 
         def attention(x, k_blk, v_blk):
             p = lp()
-            q, k, v = attention_qkv(c, p, norm(c, x, p["attn_norm"]), positions, inv_freq)
+            q, k, v = attention_qkv(c, p, norm(c, x, p["attn_norm"]), rope)
             k_blk = jax.lax.dynamic_update_slice_in_dim(k_blk, k.astype(k_blk.dtype), slot, axis=1)
             v_blk = jax.lax.dynamic_update_slice_in_dim(v_blk, v.astype(v_blk.dtype), slot, axis=1)
             seen = mask if window is None else mask & (query_slot[:, None] - jnp.arange(m)[None, :] < window)
@@ -76,7 +75,7 @@ def skip_forward(config: ModelConfig, params: dict, tokens: jax.Array, cache: KV
         return x, (k_blk, v_blk)
 
     x, block = layer_loop(layer, x, (jnp.arange(c.num_layers), *block, keep_attn.T, keep_mlp.T,
-                                     inv_freqs, windows), unrolled=split)
+                                     rope_tables(positions, inv_freqs), windows), unrolled=split)
     return norm(c, x, params["norm"]), block
 
 

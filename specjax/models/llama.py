@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import QuantizedWeight, dequantize, quantized_matmul
+from pallas_kernels import QuantizedWeight, dequantize, quant_matmul, quantized_matmul
 from pallas_kernels.matmul import PanelWeight, matmul, runs_cpu_kernel
 from pallas_kernels.rms_norm import rms_norm as _rms_norm
 from pallas_kernels.tree_attention import tree_attention
@@ -73,6 +73,19 @@ def layer_params(layers: dict, index, in_place: bool) -> dict:
             return InPlace(w, index)
         return w.layer(index) if isinstance(w, (QuantizedWeight, PanelWeight, LayerList)) else w[index]
     return {name: one(w) for name, w in layers.items()}
+
+
+def reads_in_place(layers: dict, rows: int) -> bool:
+    """Whether the CPU kernels take every matmul of a forward over `rows` rows, and so read each
+    layer's weights and KV cache from their stacks (`layer_params(..., in_place=True)`): the few
+    rows of a decode or verify step, or a prefill's when every matmul weight is quantized with
+    int8 activations. Not for LayerLists (a loop at trace time reads their own buffers)."""
+    if is_split(layers):
+        return False
+    if runs_cpu_kernel(rows):
+        return True
+    weights = [w for w in layers.values() if isinstance(w, (QuantizedWeight, PanelWeight)) or w.ndim >= 3]
+    return all(isinstance(w, QuantizedWeight) and quant_matmul.runs_cpu_kernel(rows, w.act_bits) for w in weights)
 
 
 def layer_loop(body, x, xs, unrolled: bool):
@@ -141,11 +154,18 @@ def rope_inv_freq(config: ModelConfig, local: bool = False) -> jax.Array:
     return jnp.where((wavelen <= low_wavelen) & (wavelen >= high_wavelen), smoothed, inv)
 
 
-def apply_rope(x, positions, inv_freq):
-    """Half-split (rotate-half) RoPE, HF layout. x [B,T,H,hd], positions int[B,T]."""
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B,T,hd/2]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
+def rope_tables(positions, inv_freq) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of positions int[B,T] times inv_freq [..., hd/2] -> [..., B, T, hd/2] each.
+    The forward takes them once for all its layers (inv_freq [L, hd/2]) before the layer loop:
+    fused into each rotation, XLA:CPU evaluated them for every element of q and k (a long
+    prompt's prefill spent ~15% of its time there)."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq[..., None, None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x, rope):
+    """Half-split (rotate-half) RoPE, HF layout. x [B,T,H,hd]; rope: rope_tables' (cos, sin) [B,T,hd/2]."""
+    cos, sin = (table[:, :, None, :] for table in rope)
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -161,8 +181,9 @@ def layer_rope_and_windows(config: ModelConfig):
                           jnp.int32)
 
 
-def attention_qkv(config, lp, x, positions, inv_freq):
-    """One layer's roped queries [B,T,H,hd], keys and values [B,T,KV,hd] from the normed x [B,T,E]."""
+def attention_qkv(config, lp, x, rope):
+    """One layer's roped queries [B,T,H,hd], keys and values [B,T,KV,hd] from the normed x [B,T,E]
+    (rope: its rope_tables)."""
     c = config
     b, t, _ = x.shape
     q = dense(x, lp["wq"])
@@ -176,7 +197,7 @@ def attention_qkv(config, lp, x, positions, inv_freq):
     if c.qk_norm:
         q = norm(c, q, lp["q_norm"])
         k = norm(c, k, lp["k_norm"])
-    return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+    return apply_rope(q, rope), apply_rope(k, rope), v
 
 
 def attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k_block, v_block, mask,
@@ -197,11 +218,12 @@ def attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k_bloc
     return norm(c, h, lp["post_attn_norm"]) if c.sandwich_norms else h
 
 
-def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, inv_freq,
+def attention_block(config, lp, x, positions, tree_mask, k_cache, v_cache, lengths, rope,
                      window=None, layer=None, causal=False):
     """Self-attention of one layer over the normed x, the new tokens seeing each other by
-    `tree_mask`; returns (output, k_new, v_new) (heads call it with sandwich_norms off)."""
-    q, k, v = attention_qkv(config, lp, x, positions, inv_freq)
+    `tree_mask` (rope: rope_tables of the positions); returns (output, k_new, v_new) (heads call
+    it with sandwich_norms off)."""
+    q, k, v = attention_qkv(config, lp, x, rope)
     return attention_output(config, lp, q, positions, k_cache, v_cache, lengths, k, v, tree_mask,
                             window, layer, causal), k, v
 
@@ -269,17 +291,17 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
     else:
         k_cache, v_cache, lengths = cache
 
-    # On CPU a decode or verify forward runs kernels that read each layer's weights and cache
-    # from their stacks in place; LayerList weights (sj.load's layout on a GPU) are read
-    # from their own buffers by a loop unrolled at trace time, the cache from its stack at the
-    # layer's (static) index; otherwise the scan slices the stacks (as its xs, which training's
-    # gradient needs).
+    # On CPU a decode or verify forward (and a prefill with int8 activations) runs kernels that
+    # read each layer's weights and cache from their stacks in place; LayerList weights (sj.load's
+    # layout on a GPU) are read from their own buffers by a loop unrolled at trace time, the cache
+    # from its stack at the layer's (static) index; otherwise the scan slices the stacks (as its
+    # xs, which training's gradient needs).
     split = is_split(params["layers"])
-    in_place = not split and runs_cpu_kernel(b * x.shape[1])
+    in_place = reads_in_place(params["layers"], b * x.shape[1])
     by_index = in_place or split  # the cache (and stacked weights) read at the layer's index
 
     def layer(x, xs):
-        index, inv_freq, window = xs[:3]
+        index, rope, window = xs[:3]
         if by_index:
             lp, k_layer, v_layer = layer_params(params["layers"], index, in_place), k_cache, v_cache
         else:
@@ -290,13 +312,13 @@ def forward(config: ModelConfig, params: dict, tokens: jax.Array, *,
         mask = tree_mask if window is None else tree_mask & (distance < window)
         with jax.named_scope("attention"):
             h, k_new, v_new = attention_block(c, lp, norm(c, x, lp["attn_norm"]), positions, mask,
-                                               k_layer, v_layer, lengths, inv_freq, window,
+                                               k_layer, v_layer, lengths, rope, window,
                                                index if by_index else None, causal)
         with jax.named_scope("mlp"):
             x = mlp_residual(c, lp, x + h)
         return x, (k_new, v_new, x if return_layers else None)
 
-    xs = (jnp.arange(c.num_layers), inv_freqs, windows,
+    xs = (jnp.arange(c.num_layers), rope_tables(positions, inv_freqs), windows,
           *(() if by_index else (params["layers"], k_cache, v_cache)))
     x, (k_new, v_new, per_layer) = layer_loop(layer, x, xs, unrolled=split)
     layer_hidden = per_layer[jnp.array(return_layers)] if return_layers else None
