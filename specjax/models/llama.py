@@ -64,12 +64,17 @@ class InPlace(NamedTuple):
     index: jax.Array
 
 
+def _matmul_stack(w) -> bool:
+    """Whether a layer stack holds matmul weights (what the CPU kernels read in place)."""
+    return isinstance(w, (QuantizedWeight, PanelWeight)) or w.ndim >= 3
+
+
 def layer_params(layers: dict, index, in_place: bool) -> dict:
     """One layer's parameters from `layers` (stacks, or LayerLists with a Python int index):
     the matmul weights as InPlace views when `in_place` (the CPU kernels run), everything
     sliced otherwise."""
     def one(w):
-        if in_place and (isinstance(w, (QuantizedWeight, PanelWeight)) or w.ndim >= 3):
+        if in_place and _matmul_stack(w):
             return InPlace(w, index)
         return w.layer(index) if isinstance(w, (QuantizedWeight, PanelWeight, LayerList)) else w[index]
     return {name: one(w) for name, w in layers.items()}
@@ -84,8 +89,8 @@ def reads_in_place(layers: dict, rows: int) -> bool:
         return False
     if runs_cpu_kernel(rows):
         return True
-    weights = [w for w in layers.values() if isinstance(w, (QuantizedWeight, PanelWeight)) or w.ndim >= 3]
-    return all(isinstance(w, QuantizedWeight) and quant_matmul.runs_cpu_kernel(rows, w.act_bits) for w in weights)
+    return all(isinstance(w, QuantizedWeight) and quant_matmul.runs_cpu_kernel(rows, w.act_bits)
+               for w in layers.values() if _matmul_stack(w))
 
 
 def layer_loop(body, x, xs, unrolled: bool):
