@@ -87,7 +87,8 @@ def quantize_activations(model: Model, bits: int | None = 8) -> Model:
         raise ValueError(f"activation bits must be 8 or None, got {bits!r}")
     if not is_quantized(model):
         raise ValueError("the model has no quantized matmuls: quantize its weights first (sj.quantize)")
-    return Model(map_quantized(model.params, lambda w: dataclasses.replace(w, act_bits=bits)), model.config)
+    relay = lambda w: pallas_kernels.kernel_layout(dataclasses.replace(w, act_bits=bits))  # their kernel's layout
+    return Model(map_quantized(model.params, relay), model.config)
 
 
 def map_quantized(params, fn):

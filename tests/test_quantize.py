@@ -98,6 +98,9 @@ def test_int8_activations_stay_close_and_survive_a_checkpoint(model, tmp_path):
     marked = [w.act_bits for w in jax.tree.leaves(w8a8.params, is_leaf=lambda x: isinstance(x, QuantizedWeight))
               if isinstance(w, QuantizedWeight)]
     assert marked and set(marked) == {8}
+    from pallas_kernels.quant_matmul import runs_cpu_kernel  # where the int8-activation kernel runs, its layout
+    assert w8a8.params["layers"]["w_up"].quads == runs_cpu_kernel(1, 8)
+    assert not quantize_activations(w8a8, None).params["layers"]["w_up"].quads
     expected = logits_of(model, TOKENS)
     err = relative_error(logits_of(w8a8, TOKENS), expected)
     assert relative_error(logits_of(weights, TOKENS), expected) < err < 0.05

@@ -5,6 +5,8 @@
 // plane 1's row r (high nibble), plane p being rows [p K/P, (p+1) K/P); scales [L, P, K/(P g), N].
 // With a tile t the columns come in panels of t, data [L, N/t, K/P, t] and scales
 // [L, N/t, P, K/(P g), t]: a panel is one contiguous read, and a thread takes whole panels.
+// In quads (the int8-activation kernel's layout, weight.py's `quads`) each 4 rows of the data
+// (or of a panel) are stored column by column, a column's 4 bytes together, offset to unsigned.
 //
 // specjax_quant_matmul_a8 is the same product with int8 activations (W8A8 / W4A8, the
 // reference's act_bits=8): each row of x rounded to int8 with one scale, the products of a group
@@ -36,12 +38,15 @@ struct Weight {
   const int8_t* data;    // [K/P, N], or panels [N/t, K/P, t]
   const float* scales;   // [P, K/(P g), N], or panels [N/t, P, K/(P g), t]
   int64_t K, N, group, pack, tile;
+  bool quads;
 
-  // Column n0 onwards: where its first data row and its first scale row start, and the distance
-  // between consecutive rows of either (N row-major; t in a panel, whose t columns hold n0).
+  // Column n0 onwards: where its first data row (in quads: its first quad's 4 bytes) and its
+  // first scale row start, and the distance between consecutive rows of either (N row-major; t
+  // in a panel, whose t columns hold n0; a quad's rows are 4 strides apart).
   int64_t stride() const { return tile ? tile : N; }
   const int8_t* data_at(int64_t n0) const {
-    return tile ? data + (n0 / tile) * (K / pack) * tile + n0 % tile : data + n0;
+    const int64_t column = (tile ? n0 % tile : n0) * (quads ? 4 : 1);
+    return (tile ? data + (n0 / tile) * (K / pack) * tile : data) + column;
   }
   const float* scales_at(int64_t n0) const {
     return tile ? scales + (n0 / tile) * (K / group) * tile + n0 % tile : scales + n0;
@@ -151,10 +156,15 @@ void columns(const float* x, const Weight& w, float* y, int64_t M, int64_t n0) {
   }
 }
 
+// A byte of a weight in quads (`Weight::quads`, as signed: the stored offset taken off).
+inline int32_t quad_byte(const Weight& w, const int8_t* column, int64_t r) {
+  return int8_t(column[(r / 4) * 4 * w.stride() + r % 4] ^ (w.pack == 1 ? 0x80 : 0x88));
+}
+
 float weight_at(const Weight& w, int64_t k, int64_t n) {
   const int64_t rows = w.K / w.pack, groups = rows / w.group;
   const int64_t p = k / rows, r = k % rows;
-  int32_t b = w.data_at(n)[r * w.stride()];
+  int32_t b = w.quads ? quad_byte(w, w.data_at(n), r) : w.data_at(n)[r * w.stride()];
   int32_t q = w.pack == 1 ? b : (p == 0 ? (b << 28) >> 28 : b >> 4);
   return float(q) * w.scales_at(n)[(p * groups + r / w.group) * w.stride()];
 }
@@ -168,7 +178,7 @@ struct LayerWeight {
 
 LayerWeight layer_weight(ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::S8>& data, ffi::Buffer<ffi::F32>& scales,
                          ffi::Buffer<ffi::S32>& index, int64_t bits, int64_t group_size, int64_t tile,
-                         int64_t block) {
+                         bool quads, int64_t block) {
   auto xd = x.dimensions(), dd = data.dimensions(), sd = scales.dimensions();
   const int64_t pack = bits == 4 ? 2 : 1, panel_axes = tile ? 1 : 0;
   if (xd.size() != 2 || dd.size() != 3 + panel_axes || sd.size() != 4 + panel_axes ||
@@ -182,16 +192,17 @@ LayerWeight layer_weight(ffi::Buffer<ffi::F32>& x, ffi::Buffer<ffi::S8>& data, f
     return {{}, "shapes of x, data and scales disagree"};
   const int64_t layer = std::clamp<int64_t>(index.typed_data()[0], 0, L - 1);
   return {{data.typed_data() + layer * d1 * N, scales.typed_data() + layer * s1 * s2 * N, K, N, group_size,
-           pack, tile},
+           pack, tile, quads},
           nullptr};
 }
 
 ffi::Error QuantMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> data,
                        ffi::Buffer<ffi::F32> scales, ffi::Buffer<ffi::S32> index,
                        ffi::ResultBuffer<ffi::F32> y, int64_t bits, int64_t group_size,
-                       int64_t tile) {
-  const LayerWeight layer = layer_weight(x, data, scales, index, bits, group_size, tile, NB);
+                       int64_t tile, bool quads) {
+  const LayerWeight layer = layer_weight(x, data, scales, index, bits, group_size, tile, quads, NB);
   if (layer.error) return ffi::Error::InvalidArgument(std::string("quant_matmul: ") + layer.error);
+  if (quads) return ffi::Error::InvalidArgument("quant_matmul: weights in quads are for int8 activations");
   const Weight& w = layer.w;
   const int64_t M = x.dimensions()[0], K = w.K, N = w.N, pack = w.pack;
   const float* xp = x.typed_data();
@@ -267,230 +278,165 @@ Rows8 round_rows(ffi::ThreadPool& pool, const float* x, int64_t M, int64_t K, in
 constexpr int A8_COLS = 64;  // a column block: 4 vectors of 16 int32 (AVX-512) / 64 scalars
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-// vpdpbusd multiplies unsigned by signed bytes, four at a time into each int32 lane: the weights
-// go in as unsigned (int8 + 128, int4 + 8: a flip of the sign bits) and the offset times the
-// group's sum of x comes off after. Four rows of 64 weight bytes are transposed so that each
-// int32 lane holds one column's 4 rows; lane (c, d) of vector j (128-bit chunk c, dword d) is then
-// column 16 c + 4 j + d of the block, and the scales and outputs move the same way (a transpose
-// of 128-bit chunks, which is its own inverse).
-constexpr int A8_MR = 3;  // rows of a block in the panel path (their sums fill the registers)
+// vpdpbusd multiplies unsigned by signed bytes, four at a time into each int32 lane: in quads a
+// weight vector of 64 bytes is 16 columns' 4 consecutive rows, stored unsigned (the weight + 128,
+// a nibble + 8), so it goes in as loaded (int4: each nibble masked out); the offset times the
+// group's sum of x comes off (each sum starts at minus it). Lane d of vector j is column 16 j + d.
+constexpr int A8_MR = 3;  // rows of a block: their float and int32 sums fill the registers
 
-inline void chunk_transpose(__m512 (&v)[4]) {
-  const __m512 a = _mm512_shuffle_f32x4(v[0], v[1], 0x44), b = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
-  const __m512 c = _mm512_shuffle_f32x4(v[2], v[3], 0x44), d = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
-  v[0] = _mm512_shuffle_f32x4(a, c, 0x88);
-  v[1] = _mm512_shuffle_f32x4(a, c, 0xDD);
-  v[2] = _mm512_shuffle_f32x4(b, d, 0x88);
-  v[3] = _mm512_shuffle_f32x4(b, d, 0xDD);
-}
-
-// The P planes' unsigned weights of rows [r, r + 4) (each plane's own rows r..r+3) of the block at q.
-template <int P>
-inline void quad(const int8_t* q, int64_t stride, __m512i (&out)[P][4]) {
-  const __m512i r0 = _mm512_loadu_si512(q), r1 = _mm512_loadu_si512(q + stride);
-  const __m512i r2 = _mm512_loadu_si512(q + 2 * stride), r3 = _mm512_loadu_si512(q + 3 * stride);
-  const __m512i a = _mm512_unpacklo_epi8(r0, r1), b = _mm512_unpackhi_epi8(r0, r1);
-  const __m512i c = _mm512_unpacklo_epi8(r2, r3), d = _mm512_unpackhi_epi8(r2, r3);
-  const __m512i t[4] = {_mm512_unpacklo_epi16(a, c), _mm512_unpackhi_epi16(a, c),
-                        _mm512_unpacklo_epi16(b, d), _mm512_unpackhi_epi16(b, d)};
-  const __m512i flip = _mm512_set1_epi8(P == 1 ? char(0x80) : char(0x88)), low = _mm512_set1_epi8(0x0F);
-  for (int j = 0; j < 4; ++j) {
-    const __m512i u = _mm512_xor_si512(t[j], flip);
-    if constexpr (P == 1) {
-      out[0][j] = u;
-    } else {
-      out[0][j] = _mm512_and_si512(u, low);
-      out[1][j] = _mm512_and_si512(_mm512_srli_epi16(u, 4), low);
-    }
-  }
-}
-
-struct A8Block {  // one column block's group: where its weights, scales and activations are
-  const Rows8& x;
-  int64_t K, rows, groups, g, group, offset;
-  float* acc;  // [M, 64] float sums so far, columns in the transposed order
-};
-
-// sum + the products of a's unsigned and b's signed bytes, four to a lane (vpdpbusd), in sum's
-// own register: with the intrinsic GCC 12 copies each accumulator to another register and back
-// around every instruction.
+// sum + the products of a's unsigned and b's signed bytes, four to a lane, in sum's own register:
+// with the intrinsic GCC 12 copies each accumulator to another register and back around every
+// instruction.
 inline __m512i dpbusd(__m512i sum, __m512i a, __m512i b) {
   asm("vpdpbusd %2, %1, %0" : "+v"(sum) : "v"(a), "v"(b));
   return sum;
 }
 
-// Row i's int32 sums start at -offset x (its group sum of x), so that adding the unsigned
-// weights' products leaves the signed weights' products, exactly.
-inline __m512i a8_start(const A8Block& b, int64_t m, int p) {
-  return _mm512_set1_epi32(int32_t(-b.offset * b.x.sums[m * (b.K / b.group) + p * b.groups + b.g]));
-}
-
-// sum[p][i] += x's row m0 + i, group g, plane p0 + p, times the unsigned weights
-template <int R, int Q, typename Weights>
-inline void a8_sums(const A8Block& b, int64_t m0, int p0, Weights weights, __m512i (&sum)[Q][R][4]) {
-  for (int64_t qd = 0; qd < b.group / 4; ++qd) {
-    __m512i w[Q][4];
-    weights(qd, w);
-    for (int p = 0; p < Q; ++p)
-      for (int i = 0; i < R; ++i) {
-        int32_t xq;
-        std::memcpy(&xq, &b.x.q[(m0 + i) * b.K + (p0 + p) * b.rows + b.g * b.group + 4 * qd], 4);
-        const __m512i xv = _mm512_set1_epi32(xq);
-        for (int j = 0; j < 4; ++j) sum[p][i][j] = dpbusd(sum[p][i][j], w[p][j], xv);
-      }
+// Plane p's unsigned weights of the quad at q (4 vectors, 256 bytes).
+template <int P>
+inline void plane_weights(const int8_t* q, int p, __m512i (&w)[4]) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = _mm512_loadu_si512(q + 64 * j);
+    if constexpr (P == 1) w[j] = v;
+    else w[j] = _mm512_and_si512(p == 0 ? v : _mm512_srli_epi16(v, 4), low);
   }
 }
 
-// rows [m0, m0 + R): acc += x's group g times the weights of planes [p0, p0 + Q) (int32 sums,
-// then scaled per plane, plane by plane: every path adds a row's floats in the same order)
-template <int R, int Q, typename Weights>
-inline void a8_rows(const A8Block& b, int64_t m0, int p0, const __m512 (*scale)[4], Weights weights) {
-  __m512i sum[Q][R][4];
-  for (int p = 0; p < Q; ++p)
-    for (int i = 0; i < R; ++i) {
-      const __m512i start = a8_start(b, m0 + i, p0 + p);
-      for (int j = 0; j < 4; ++j) sum[p][i][j] = start;
-    }
-  a8_sums<R, Q>(b, m0, p0, weights, sum);
-  for (int i = 0; i < R; ++i) {
-    float* acc = b.acc + (m0 + i) * A8_COLS;
-    for (int p = 0; p < Q; ++p)
-      for (int j = 0; j < 4; ++j)
-        _mm512_storeu_ps(acc + 16 * j, _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][i][j]), scale[p0 + p][j],
-                                                       _mm512_loadu_ps(acc + 16 * j)));
-  }
-}
-
-// rows [m0, m0 + R) of y's column block: x times every group of the block's converted weights
-// (`panel`: group, plane, quad; `scale`: group, plane, in the transposed order), the float sums
-// held in registers over all of K
-template <int R, int P>
-void a8_panel_rows(const Rows8& x, const Weight& w, const __m512i* panel, const __m512* scale, float* y,
-                   int64_t m0, int64_t n0) {
-  const int64_t rows = w.K / P, groups = rows / w.group, quads = w.group / 4;
+// rows [m0, m0 + R) of y's column block at n0: x times every group of the block's weights,
+// plane by plane (every row adds its floats in the same order, whatever its block), the float
+// sums held in registers over all of K. With `split` (int4) the weights come from there, each
+// quad's planes apart (`split_planes`), rather than from the data.
+template <int R, int P, bool SPLIT>
+void a8_rows(const Rows8& x, const Weight& w, float* y, int64_t m0, int64_t n0, const __m512i* split) {
+  const int64_t rows = w.K / P, groups = rows / w.group, quad_stride = 4 * w.stride();
+  const int32_t offset = P == 1 ? 128 : 8;
+  const int8_t* data = w.data_at(n0);
+  const float* scales = w.scales_at(n0);
   __m512 acc[R][4];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    const A8Block b{x, w.K, rows, groups, g, w.group, P == 1 ? 128 : 8, nullptr};
+  for (int64_t g = 0; g < groups; ++g)
     for (int p = 0; p < P; ++p) {
-      __m512i sum[1][R][4];
+      __m512i sum[R][4];
       for (int i = 0; i < R; ++i) {
-        const __m512i start = a8_start(b, m0 + i, p);
-        for (int j = 0; j < 4; ++j) sum[0][i][j] = start;
+        const __m512i start = _mm512_set1_epi32(-offset * x.sums[(m0 + i) * (w.K / w.group) + p * groups + g]);
+        for (int j = 0; j < 4; ++j) sum[i][j] = start;
       }
-      const __m512i* weights = panel + (g * P + p) * quads * 4;
-      auto plane = [&](int64_t qd, __m512i (&out)[1][4]) {
-        for (int j = 0; j < 4; ++j) out[0][j] = weights[qd * 4 + j];
-      };
-      a8_sums<R, 1>(b, m0, p, plane, sum);
-      const __m512* s = scale + (g * P + p) * 4;
+      const int8_t* xq = &x.q[m0 * w.K + p * rows + g * w.group];
+      for (int64_t qd = g * w.group / 4; qd < (g + 1) * w.group / 4; ++qd) {
+        const int8_t* q = data + qd * quad_stride;
+        __m512i wv[4];
+        if constexpr (SPLIT) {
+          for (int j = 0; j < 4; ++j) wv[j] = split[(qd + (g * (P - 1) + p) * w.group / 4) * 4 + j];
+        } else {
+          if (p == 0 && m0 == 0)
+            for (int line = 0; line < 256; line += 64) __builtin_prefetch(q + PREFETCH * quad_stride + line);
+          plane_weights<P>(q, p, wv);
+        }
+        for (int i = 0; i < R; ++i) {
+          int32_t four;
+          std::memcpy(&four, xq + i * w.K + 4 * (qd - g * w.group / 4), 4);
+          const __m512i xv = _mm512_set1_epi32(four);
+          for (int j = 0; j < 4; ++j) sum[i][j] = dpbusd(sum[i][j], wv[j], xv);
+        }
+      }
+      const float* s = scales + (p * groups + g) * w.stride();
       for (int i = 0; i < R; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[0][i][j]), s[j], acc[i][j]);
+        for (int j = 0; j < 4; ++j)
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[i][j]), _mm512_loadu_ps(s + 16 * j), acc[i][j]);
     }
-  }
   for (int i = 0; i < R; ++i) {
-    chunk_transpose(acc[i]);
     const __m512 s = _mm512_set1_ps(x.scale[m0 + i]);
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + (m0 + i) * w.N + n0 + 16 * j, _mm512_mul_ps(acc[i][j], s));
   }
 }
 
+// The column block's int4 weights with the planes apart, [group][plane][quad][4 vectors], in a
+// buffer of this thread's (L2): many blocks of rows then read them without masking and shifting
+// each time.
+const __m512i* split_planes(const Weight& w, int64_t n0) {
+  static thread_local std::vector<__m512i> split;
+  const int64_t quads = w.K / 8, per_group = w.group / 4, quad_stride = 4 * w.stride();
+  split.resize(quads * 8);
+  const int8_t* data = w.data_at(n0);
+  for (int64_t qd = 0; qd < quads; ++qd) {
+    const int8_t* q = data + qd * quad_stride;
+    for (int line = 0; line < 256; line += 64) __builtin_prefetch(q + PREFETCH * quad_stride + line);
+    for (int p = 0; p < 2; ++p) {
+      __m512i plane[4];
+      plane_weights<2>(q, p, plane);
+      const int64_t at = ((qd / per_group * 2 + p) * per_group + qd % per_group) * 4;
+      for (int j = 0; j < 4; ++j) split[at + j] = plane[j];
+    }
+  }
+  return split.data();
+}
+
+constexpr int SPLIT_ROWS = 16;  // int4 rows from which the planes are split once per block
+
+// Blocks of A8_MR rows in turn: the first reads the column block's weights from memory (and
+// asks for them PREFETCH quads ahead), the others from the caches.
 template <int P>
 void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0) {
-  const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride(), quads = w.group / 4;
-  const int8_t* data = w.data_at(n0);
-  const float* scales = w.scales_at(n0);
-  auto transposed_scales = [&](int64_t g, __m512 (&scale)[P][4]) {
-    for (int p = 0; p < P; ++p) {
-      for (int j = 0; j < 4; ++j) scale[p][j] = _mm512_loadu_ps(scales + (p * groups + g) * stride + 16 * j);
-      chunk_transpose(scale[p]);
-    }
+  auto blocks = [&](auto split_planes_first) {
+    constexpr bool SPLIT = decltype(split_planes_first)::value;
+    const __m512i* split = SPLIT ? split_planes(w, n0) : nullptr;
+    const int64_t whole = M - M % A8_MR;
+    for (int64_t m0 = 0; m0 < whole; m0 += A8_MR) a8_rows<A8_MR, P, SPLIT>(x, w, y, m0, n0, split);
+    with_rows<A8_MR>(M - whole, [&](auto r) { a8_rows<decltype(r)::value, P, SPLIT>(x, w, y, whole, n0, split); });
   };
-  constexpr int DIRECT = 4 / P;  // rows whose sums of every plane fit the registers at once
-  if (M <= DIRECT) {  // one register block: each group straight from the converted vectors
-    static thread_local std::vector<float> acc;
-    acc.assign(M * A8_COLS, 0.f);
-    for (int64_t g = 0; g < groups; ++g) {
-      __m512 scale[P][4];
-      transposed_scales(g, scale);
-      const A8Block b{x, w.K, rows, groups, g, w.group, P == 1 ? 128 : 8, acc.data()};
-      const int8_t* q = data + g * w.group * stride;
-      auto converted = [&](int64_t qd, __m512i (&out)[P][4]) { quad<P>(q + 4 * qd * stride, stride, out); };
-      with_rows<DIRECT>(M, [&](auto r) { a8_rows<decltype(r)::value, P>(b, 0, 0, scale, converted); });
-    }
-    for (int64_t m = 0; m < M; ++m) {
-      __m512 v[4];
-      for (int j = 0; j < 4; ++j) v[j] = _mm512_loadu_ps(acc.data() + m * A8_COLS + 16 * j);
-      chunk_transpose(v);
-      const __m512 s = _mm512_set1_ps(x.scale[m]);
-      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(y + m * w.N + n0 + 16 * j, _mm512_mul_ps(v[j], s));
-    }
-    return;
-  }
-  // More rows: the block's whole K is converted once into a buffer (L2), and blocks of A8_MR
-  // rows read it from there with their float sums in registers. (Converting runs ahead of the
-  // sums here, so it asks for the rows PREFETCH ahead; measured slower in the direct path, where
-  // the sums between the loads hide them.)
-  static thread_local std::vector<__m512i> panel;
-  static thread_local std::vector<__m512> panel_scales;
-  panel.resize(groups * P * quads * 4);
-  panel_scales.resize(groups * P * 4);
-  for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t qd = 0; qd < quads; ++qd) {
-      const int8_t* rows4 = data + (g * w.group + 4 * qd) * stride;
-      for (int i = 0; i < 4; ++i) __builtin_prefetch(rows4 + (PREFETCH + i) * stride);
-      __m512i out[P][4];
-      quad<P>(rows4, stride, out);
-      for (int p = 0; p < P; ++p)
-        for (int j = 0; j < 4; ++j) panel[((g * P + p) * quads + qd) * 4 + j] = out[p][j];
-    }
-    __m512 scale[P][4];
-    transposed_scales(g, scale);
-    for (int p = 0; p < P; ++p)
-      for (int j = 0; j < 4; ++j) panel_scales[(g * P + p) * 4 + j] = scale[p][j];
-  }
-  const int64_t whole = M - M % A8_MR;
-  for (int64_t m0 = 0; m0 < whole; m0 += A8_MR)
-    a8_panel_rows<A8_MR, P>(x, w, panel.data(), panel_scales.data(), y, m0, n0);
-  with_rows<A8_MR>(M - whole, [&](auto r) {
-    a8_panel_rows<decltype(r)::value, P>(x, w, panel.data(), panel_scales.data(), y, whole, n0);
-  });
+  if (P == 2 && M >= SPLIT_ROWS) blocks(std::true_type{});
+  else blocks(std::false_type{});
 }
 #else
-// Portable: the same sums, a row of x at a time, each weight row's 64 columns at once (which
-// the compiler vectorizes).
+// Portable: the same sums, each quad's 4 rows of 64 columns taken out of quads once (the plane's
+// signed values) and multiplied into every row of x, a row's 64 columns at once (loops the
+// compiler vectorizes).
 template <int P>
 void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0) {
-  const int64_t rows = w.K / P, groups = rows / w.group, stride = w.stride();
+  const int64_t rows = w.K / P, groups = rows / w.group, quad_stride = 4 * w.stride();
   const int8_t* data = w.data_at(n0);
   const float* scales = w.scales_at(n0);
-  for (int64_t m = 0; m < M; ++m) {
-    float acc[A8_COLS] = {};
-    for (int64_t g = 0; g < groups; ++g)
-      for (int p = 0; p < P; ++p) {
-        int32_t sum[A8_COLS] = {};
-        for (int64_t r = g * w.group; r < (g + 1) * w.group; ++r) {
-          const int32_t xq = x.q[m * w.K + p * rows + r];
-          const int8_t* row = data + r * stride;
-          for (int c = 0; c < A8_COLS; ++c) {
-            const int32_t b = row[c];
-            sum[c] += (P == 1 ? b : p == 0 ? (b << 28) >> 28 : b >> 4) * xq;
-          }
+  static thread_local std::vector<float> acc;
+  static thread_local std::vector<int32_t> sum;
+  acc.assign(M * A8_COLS, 0.f);
+  sum.resize(M * A8_COLS);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int p = 0; p < P; ++p) {
+      std::fill(sum.begin(), sum.end(), 0);
+      for (int64_t qd = g * w.group / 4; qd < (g + 1) * w.group / 4; ++qd) {
+        int32_t quad[4][A8_COLS];
+        const int8_t* q = data + qd * quad_stride;
+        for (int c = 0; c < A8_COLS; ++c) {  // a column's 4 bytes as one word: shifts take each value out
+          uint32_t word;
+          std::memcpy(&word, q + 4 * c, 4);
+          word ^= P == 1 ? 0x80808080u : 0x88888888u;
+          const int bits = P == 1 ? 8 : 4, low = P == 1 ? 0 : 4 * p;
+          for (int i = 0; i < 4; ++i) quad[i][c] = int32_t(word << (32 - bits - 8 * i - low)) >> (32 - bits);
         }
-        const float* scale = scales + (p * groups + g) * stride;
-        for (int c = 0; c < A8_COLS; ++c) acc[c] += float(sum[c]) * scale[c];
+        for (int64_t m = 0; m < M; ++m)
+          for (int i = 0; i < 4; ++i) {
+            const int32_t xq = x.q[m * w.K + p * rows + 4 * qd + i];
+            for (int c = 0; c < A8_COLS; ++c) sum[m * A8_COLS + c] += quad[i][c] * xq;
+          }
       }
-    for (int c = 0; c < A8_COLS; ++c) y[m * w.N + n0 + c] = acc[c] * x.scale[m];
-  }
+      const float* scale = scales + (p * groups + g) * w.stride();
+      for (int64_t m = 0; m < M; ++m)
+        for (int c = 0; c < A8_COLS; ++c) acc[m * A8_COLS + c] += float(sum[m * A8_COLS + c]) * scale[c];
+    }
+  for (int64_t m = 0; m < M; ++m)
+    for (int c = 0; c < A8_COLS; ++c) y[m * w.N + n0 + c] = acc[m * A8_COLS + c] * x.scale[m];
 }
 #endif
 
 ffi::Error QuantMatmulA8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> data,
                          ffi::Buffer<ffi::F32> scales, ffi::Buffer<ffi::S32> index,
-                         ffi::ResultBuffer<ffi::F32> y, int64_t bits, int64_t group_size, int64_t tile) {
-  const LayerWeight layer = layer_weight(x, data, scales, index, bits, group_size, tile, A8_COLS);
+                         ffi::ResultBuffer<ffi::F32> y, int64_t bits, int64_t group_size, int64_t tile,
+                         bool quads) {
+  const LayerWeight layer = layer_weight(x, data, scales, index, bits, group_size, tile, quads, A8_COLS);
   if (layer.error) return ffi::Error::InvalidArgument(std::string("quant_matmul_a8: ") + layer.error);
+  if (!quads) return ffi::Error::InvalidArgument("quant_matmul_a8: int8 activations read weights in quads");
   const Weight& w = layer.w;
   const int64_t M = x.dimensions()[0], K = w.K, N = w.N, pack = w.pack;
   const Rows8 xr = round_rows(pool, x.typed_data(), M, K, group_size);
@@ -520,7 +466,8 @@ auto binding() {
       .Ret<ffi::Buffer<ffi::F32>>()
       .Attr<int64_t>("bits")
       .Attr<int64_t>("group_size")
-      .Attr<int64_t>("tile");
+      .Attr<int64_t>("tile")
+      .Attr<bool>("quads");
 }
 
 }  // namespace

@@ -13,6 +13,11 @@ Leaves may carry leading axes (a stack of layers): data [..., K/P, N], scales [.
 With `tile` t > 0 the same values are stored in column panels of t (the CPU kernel's layout: a
 panel is one contiguous read, where a row-major [K/P, N] read strides by N for every row):
 data [..., N/t, K/P, t], scales [..., N/t, P, K/(P g), t]. `tiled` and `untiled` convert.
+
+In `quads` (the CPU kernel's layout for int8 activations: `in_quads`) each 4 consecutive rows of
+the data (of each panel) are stored column by column, a column's 4 bytes together, and offset to
+unsigned (a value + 128, a nibble + 8): a 64-byte vector is then 16 columns' 4-row dot-product
+operands, as AVX-512 VNNI multiplies them, with nothing to rearrange.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ GROUP_SIZES = (32, 64, 128)
 class QuantizedWeight:
     """A quantized [K, N] weight: int8 `data` [..., K/P, N], float32 `scales`
     [..., P, K/(P*group_size), N] (or their column panels, see `tile`); `bits`, `group_size`,
-    `in_features` (K), `out_features` (N), `tile` and `act_bits` are static. `act_bits` is what
+    `in_features` (K), `out_features` (N), `tile`, `quads` and `act_bits` are static. `act_bits` is what
     a model's matmul passes to `quantized_matmul` with this weight: None (float activations) or 8
     (each row of activations rounded to int8: W8A8 / W4A8)."""
 
@@ -46,6 +51,7 @@ class QuantizedWeight:
     out_features: int = dataclasses.field(metadata=dict(static=True))
     tile: int = dataclasses.field(default=0, metadata=dict(static=True))
     act_bits: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    quads: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def pack(self) -> int:
@@ -63,10 +69,11 @@ class QuantizedWeight:
         return self.data.shape[:self.data.ndim - (3 if self.tile else 2)]
 
     def tiled(self, tile: int) -> "QuantizedWeight":
-        """The same weight stored in column panels of `tile` (which must divide N; 0: row-major)."""
-        if tile == self.tile:
+        """The same weight stored in column panels of `tile` (which must divide N; 0: row-major),
+        not in quads."""
+        if (tile, False) == (self.tile, self.quads):
             return self
-        if self.tile:
+        if self.tile or self.quads:
             return self.untiled().tiled(tile)
         if self.out_features % tile:
             raise ValueError(f"N = {self.out_features} is not a multiple of the tile {tile}")
@@ -74,16 +81,42 @@ class QuantizedWeight:
                                    scales=to_panels(self.scales, tile, 3), tile=tile)
 
     def untiled(self) -> "QuantizedWeight":
-        """The same weight in the row-major layout (data [..., K/P, N])."""
+        """The same weight in the row-major layout (data [..., K/P, N]), not in quads."""
+        if self.quads:
+            return dataclasses.replace(self, data=_from_quads(self.data, self.bits), quads=False).untiled()
         if not self.tile:
             return self
         return dataclasses.replace(self, data=from_panels(self.data, 2),
                                    scales=from_panels(self.scales, 3), tile=0)
 
+    def in_quads(self) -> "QuantizedWeight":
+        """The same weight, panels (or row-major) as they are, with its rows in quads."""
+        if self.quads:
+            return self
+        return dataclasses.replace(self, data=_to_quads(self.data, self.bits), quads=True)
+
     @property
     def shape(self) -> tuple[int, ...]:
         """The logical shape [..., K, N] of the weight."""
         return (*self.lead_shape, self.in_features, self.out_features)
+
+
+def _offset(bits: int):
+    """The byte that offsets a stored value to unsigned, as an int8: 0x80 (int8), 0x88 (int4)."""
+    return jnp.int8(-128 if bits == 8 else -120)
+
+
+def _to_quads(data, bits: int):
+    """[..., R, C] -> each 4 rows column by column ([..., R/4, C, 4] in memory), offset."""
+    *lead, r, c = data.shape
+    quads = jnp.swapaxes(data.reshape(*lead, r // 4, 4, c), -1, -2).reshape(*lead, r, c)
+    return quads ^ _offset(bits)
+
+
+def _from_quads(data, bits: int):
+    """The inverse of _to_quads."""
+    *lead, r, c = data.shape
+    return jnp.swapaxes((data ^ _offset(bits)).reshape(*lead, r // 4, c, 4), -1, -2).reshape(*lead, r, c)
 
 
 def _check_format(bits: int, group_size: int, k: int):

@@ -3,6 +3,8 @@ the model sends them, the layer read in place from a stack, vmap and grad, and t
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_kernels
 from pallas_kernels import argmax, ffi, quantize
 from pallas_kernels.argmax import reference as argmax_ref
 from pallas_kernels.matmul import PanelWeight, matmul
@@ -178,18 +181,23 @@ def test_quantized_matmul_reads_column_panels(bits, group_size, m, tile):
 @pytest.mark.parametrize("bits,group_size", [(8, 64), (4, 32)])
 @pytest.mark.parametrize("act_bits", [None, 8])
 def test_quantized_matmul_rows_do_not_depend_on_their_neighbours(bits, group_size, act_bits):
-    # a verify pass over M tokens must give each token the logits a 1-token step would: the
-    # buffered path (more rows than a register block) sums in the same order, to the bit
-    qw = quantize(normal((1, 256, 384), 3), bits, group_size).tiled(64)
+    # a verify pass over M tokens must give each token the logits a 1-token step would: past a
+    # register block's rows (another pass over the block, or a buffer) each row sums in the same
+    # order, to the bit
+    qw = pallas_kernels.kernel_layout(dataclasses.replace(quantize(normal((1, 256, 384), 3), bits, group_size),
+                                                          act_bits=act_bits))
     x = normal((13, 256), 4)
     run = jax.jit(lambda x: quantized_matmul(x, qw, index=0, act_bits=act_bits, impl="cpu"))
     np.testing.assert_array_equal(run(x), jnp.concatenate([run(x[i:i + 1]) for i in range(13)]))
 
 
-def test_the_kernel_layout_is_panels_where_n_allows():
-    from pallas_kernels import kernel_layout
+def test_the_kernel_layout_is_panels_where_n_allows_in_quads_for_int8_activations():
+    kernel_layout = pallas_kernels.kernel_layout
     assert kernel_layout(quantize(normal((256, 384)), 8, 64)).tile == 64
     assert kernel_layout(quantize(normal((256, 200)), 8, 64)).tile == 0  # N = 200: row-major
+    a8 = kernel_layout(dataclasses.replace(quantize(normal((256, 384)), 4, 64), act_bits=8))
+    assert a8.tile == 64 and a8.quads
+    assert not kernel_layout(dataclasses.replace(a8, act_bits=None)).quads
 
 
 def test_quantized_matmul_one_weight_and_bfloat16_out():
@@ -206,10 +214,22 @@ def test_quantized_matmul_one_weight_and_bfloat16_out():
 def test_quantized_matmul_int8_activations_equals_reference(bits, group_size, m, n, tile):
     qw = quantize(normal((2, 512, n), 3), bits, group_size)
     x = normal((m, 512), 4) * jnp.linspace(0.1, 3.0, 512)  # rows of varied scale
-    got = jax.jit(lambda x, qw: quantized_matmul(x, qw, index=1, act_bits=8, impl="cpu"))(x, qw.tiled(tile))
+    laid = qw.tiled(tile).in_quads()  # as kernel_layout lays out a weight with act_bits=8
+    got = jax.jit(lambda x, qw: quantized_matmul(x, qw, index=1, act_bits=8, impl="cpu"))(x, laid)
     close(got, quant_ref.quantized_matmul(x, qw.layer(1), act_bits=8))
-    hlo = jax.jit(lambda x: quantized_matmul(x, qw.tiled(tile), index=1, act_bits=8, impl="cpu")).lower(x).as_text()
+    hlo = jax.jit(lambda x: quantized_matmul(x, laid, index=1, act_bits=8, impl="cpu")).lower(x).as_text()
     assert "specjax_quant_matmul_a8" in hlo
+
+
+@pytest.mark.parametrize("act_bits", [None, 8])
+def test_quantized_matmul_lays_out_a_weight_for_its_activations(act_bits):
+    # the int8-activation kernel reads quads and the float one not: the other layout is laid out
+    # anew in the call, never misread
+    qw = quantize(normal((256, 384), 3), 4, 32).tiled(64)
+    other = qw if act_bits == 8 else qw.in_quads()
+    x = normal((5, 256), 4)
+    close(jax.jit(lambda x: quantized_matmul(x, other, act_bits=act_bits, impl="cpu"))(x),
+          quant_ref.quantized_matmul(x, qw, act_bits=act_bits))
 
 
 def test_int8_activations_round_as_the_reference_rounds():

@@ -62,6 +62,25 @@ def test_column_panels_hold_the_same_weight():
         qw.tiled(128)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("tile", [64, 0])
+def test_quads_hold_the_same_weight(bits, tile):
+    qw = quantize(normal((2, 256, 192)), bits=bits, group_size=32)
+    quads = qw.tiled(tile).in_quads()
+    assert quads.quads and quads.data.shape == qw.tiled(tile).data.shape
+    np.testing.assert_array_equal(dequantize(quads), dequantize(qw))
+    np.testing.assert_array_equal(quads.untiled().data, qw.data)
+    np.testing.assert_array_equal(quads.tiled(tile).data, qw.tiled(tile).data)
+    # rows 4..7 of column 65 (panel 1's column 1, or row-major column 65): 4 bytes together,
+    # each offset to unsigned (int4: both nibbles)
+    column, at = (65 % tile, 1) if tile else (65, None)
+    data = np.asarray(quads.data[0] if at is None else quads.data[0, at]).reshape(-1)
+    width = tile or 192
+    got = data[4 * width + 4 * column: 4 * width + 4 * column + 4]
+    want = np.asarray(qw.data[0, 4:8, 65]) ^ np.int8(-128 if bits == 8 else -120)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_quantized_weight_is_a_stackable_scannable_pytree():
     w = normal((3, 128, 16))  # a stack of 3 layers
     qw = quantize(w, bits=4, group_size=32)
