@@ -41,7 +41,8 @@ class QuantizedWeight:
     [..., P, K/(P*group_size), N] (or their column panels, see `tile`); `bits`, `group_size`,
     `in_features` (K), `out_features` (N), `tile`, `quads` and `act_bits` are static. `act_bits` is what
     a model's matmul passes to `quantized_matmul` with this weight: None (float activations) or 8
-    (each row of activations rounded to int8: W8A8 / W4A8)."""
+    (each row of activations rounded to int8: W8A8 / W4A8); with 8 the CPU kernel reads the rows
+    in `quads` (4 rows a column in 4 bytes, see the module's docstring)."""
 
     data: jax.Array
     scales: jax.Array
