@@ -305,8 +305,8 @@ inline void plane_weights(const int8_t* q, int p, __m512i (&w)[4]) {
 
 // rows [m0, m0 + R) of y's column block at n0: x times every group of the block's weights,
 // plane by plane (every row adds its floats in the same order, whatever its block), the float
-// sums held in registers over all of K. With `split` (int4) the weights come from there, each
-// quad's planes apart (`split_planes`), rather than from the data.
+// sums held in registers over all of K. With SPLIT (int4) the weights come from `split`, the
+// planes apart (`split_planes`), rather than from the data.
 template <int R, int P, bool SPLIT>
 void a8_rows(const Rows8& x, const Weight& w, float* y, int64_t m0, int64_t n0, const __m512i* split) {
   const int64_t rows = w.K / P, groups = rows / w.group, quad_stride = 4 * w.stride();
@@ -376,7 +376,8 @@ const __m512i* split_planes(const Weight& w, int64_t n0) {
 constexpr int SPLIT_ROWS = 16;  // int4 rows from which the planes are split once per block
 
 // Blocks of A8_MR rows in turn: the first reads the column block's weights from memory (and
-// asks for them PREFETCH quads ahead), the others from the caches.
+// asks for them PREFETCH quads ahead), the others from the caches; from SPLIT_ROWS rows of int4
+// all read the planes split once.
 template <int P>
 void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0) {
   auto blocks = [&](auto split_planes_first) {
