@@ -12,6 +12,7 @@ import pytest
 
 import specjax as sj
 from pallas_kernels import QuantizedWeight
+from specjax.convert import gguf_file
 from tests.conftest import BASE, FAMILIES
 from tests.gguf_files import add_tensor, finish, writer
 
@@ -148,7 +149,7 @@ def torch_greedy(model, prompts, steps):
 # where transformers' loader drops what the file says (rope_freqs; qwen3's key_length).
 CASES = [("llama-mha-untied", Q.F32, "gguf"), ("llama3-gqa-tied-scaled", Q.F32, "hf"),
          ("qwen2-tied", Q.F32, "gguf"), ("qwen3-gqa", Q.F32, "hf"), ("llama-mha-untied", Q.F16, "gguf"),
-         ("llama-mha-untied", Q.Q4_1, "gguf")]
+         ("llama-mha-untied", Q.BF16, "gguf"), ("llama-mha-untied", Q.Q4_1, "gguf")]
 
 
 @pytest.mark.parametrize("family, qtype, reference", CASES, ids=[f"{f}-{q.name}" for f, q, _ in CASES])
@@ -261,6 +262,23 @@ def test_folder_of_ggufs_and_missing_wheel_are_clear_errors(tmp_path, monkeypatc
         sj.load("smollm2")
 
 
+def assert_read_as_gguf_reads(path):
+    """specjax's reader gives the metadata and tensors (types, shapes, bytes) gguf's GGUFReader does."""
+    ours, theirs = gguf_file.read(path), gguf.GGUFReader(path)
+    fields = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert ours.fields == fields and list(ours.fields) == list(fields)
+    assert [(t.name, t.tensor_type, t.shape) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, tuple(t.shape.tolist())) for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape, a.name
+        np.testing.assert_array_equal(a.data, b.data, err_msg=a.name)
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_1])
+def test_the_reader_reads_what_gguf_reads(qtype, tmp_path):
+    assert_read_as_gguf_reads(write_gguf(hf_model("llama3-gqa-tied-scaled"), tmp_path / "m.gguf", qtype))
+
+
 def test_bad_files_are_clear_errors(tmp_path):
     good = write_gguf(hf_model("llama-mha-untied"), tmp_path / "m.gguf").read_bytes()
     for n in (100, len(good) // 2, len(good) - 10):
@@ -338,6 +356,11 @@ def test_smollm2_logits_and_greedy_match_transformers(smollm2):
     out = sj.generate(model, prompts, max_new_tokens=24)  # ragged: two prompt lengths
     assert out.tokens.tolist() == torch_greedy(reference, prompts, 24)
     assert "def" in tok.decode(out.tokens[0])
+
+
+@smollm2_only
+def test_the_reader_reads_the_smollm2_file_as_gguf_reads():
+    assert_read_as_gguf_reads(sj.convert.resolve("smollm2"))  # a 49,152-token vocabulary, Q4_1 and Q8_0
 
 
 def tokenizer_strings() -> list[str]:

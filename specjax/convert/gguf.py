@@ -19,20 +19,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import QuantizedWeight, kernel_layout
+from specjax.convert import gguf_file
+from specjax.convert.gguf_file import GGUFFile
 from specjax.models import Model, ModelConfig, RopeScaling, param_shapes
 from specjax.models.config import GEMMA, gemma_layer_types
 from specjax.models.params import LAYER, LLAMA, Param
 
 Q = gguf.GGMLQuantizationType
 ARCHITECTURES = ("llama", "qwen2", "qwen3", *GEMMA)  # GGUF general.architecture == specjax model_type
-FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 DIRECT_TYPES = {Q.Q8_0: 8, Q.Q4_0: 4}  # types read into QuantizedWeight bits without dequantizing
 # Tensor names are the declared `gguf` names (specjax.models.params): per layer under blk.N.
 _LAYER_TENSORS = {p.gguf: name for name, p in LAYER.items()}
 _TOP_TENSORS = {p.gguf: name for name, p in LLAMA.items() if isinstance(p, Param)}
 
 
-def read_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Open a GGUF file (memory-mapped), with one-line errors for a wrong or truncated file."""
     path = Path(path)
     with open(path, "rb") as f:
@@ -40,18 +41,17 @@ def read_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
     if magic != b"GGUF":
         raise ValueError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
     try:
-        return gguf.GGUFReader(path)
-    except (ValueError, IndexError) as e:
+        return gguf_file.read(path)
+    except ValueError as e:
         raise ValueError(f"{path}: truncated or corrupt GGUF file ({e})") from None
 
 
-def metadata(reader: gguf.GGUFReader, key: str, default=None):
-    """The value of metadata `key` (strings decoded, arrays as lists), or `default`."""
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def metadata(reader: GGUFFile, key: str, default=None):
+    """The value of metadata `key` (a list for an array), or `default`."""
+    return reader.fields.get(key, default)
 
 
-def gguf_config(reader: gguf.GGUFReader, dtype: str | None = None) -> ModelConfig:
+def gguf_config(reader: GGUFFile, dtype: str | None = None) -> ModelConfig:
     """The ModelConfig a GGUF's `<arch>.*` metadata and tensor list describe."""
     arch = metadata(reader, "general.architecture")
     if arch not in ARCHITECTURES:
@@ -67,8 +67,7 @@ def gguf_config(reader: gguf.GGUFReader, dtype: str | None = None) -> ModelConfi
     num_heads = key("attention.head_count")
     hidden = key("embedding_length")
     head_dim = key("attention.key_length", hidden // num_heads)
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = (metadata(reader, f"{arch}.vocab_size") or (tokens and len(tokens.data))
+    vocab = (metadata(reader, f"{arch}.vocab_size") or len(metadata(reader, "tokenizer.ggml.tokens", ()))
              or _tensor_rows(reader, "token_embd.weight"))
     num_layers = key("block_count")
     gemma = _gemma_fields(reader, arch, num_layers, hidden // num_heads, head_dim) if arch in GEMMA else {}
@@ -169,13 +168,10 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None) -> Model:
 
 def _float(t, config: ModelConfig, want, matmul: bool) -> np.ndarray:
     """One tensor as float32 in specjax's layout ([in, out] for matmuls), Q/K unpermuted."""
-    if t.tensor_type in FLOAT_TYPES:
-        w = np.asarray(t.data, np.float32)
-    else:
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise ValueError(f"tensor {t.name}: unsupported GGUF quant type {t.tensor_type.name}") from None
+    try:  # float32 as it is; float16, bfloat16 and the quantized types widened
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+    except NotImplementedError:
+        raise ValueError(f"tensor {t.name}: unsupported GGUF quant type {t.tensor_type.name}") from None
     w = _unpermute(w, t.name, config)
     if t.name.endswith("norm.weight"):
         w = w - config.norm_offset

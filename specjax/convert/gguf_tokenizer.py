@@ -30,7 +30,7 @@ PRE_TOKENIZERS = {"default": None, "gpt-2": None, "smollm": "digits", "llama-bpe
 
 
 def gguf_tokenizer(reader) -> tuple[Tokenizer, dict]:
-    """(tokenizer, tokenizer_config) from an open GGUFReader; the config holds `chat_template`,
+    """(tokenizer, tokenizer_config) from a GGUF file (`read_gguf`); the config holds `chat_template`,
     `bos_token`, `eos_token` and `add_bos_token` as an HF tokenizer_config.json does."""
     kind, arch = metadata(reader, "tokenizer.ggml.model"), metadata(reader, "general.architecture")
     tokens = metadata(reader, "tokenizer.ggml.tokens")
