@@ -431,6 +431,13 @@ def test_build_is_cached_and_a_killed_build_is_cleaned(tmp_path, monkeypatch):
     assert lib.exists() and not stale.exists() and lib.parent == folder
     mtime = lib.stat().st_mtime_ns
     assert ffi.build() == lib and lib.stat().st_mtime_ns == mtime  # reused, not rebuilt
+    broken = tmp_path / "broken" / "cpu.cc"
+    broken.parent.mkdir()
+    broken.write_text("not C++\n")
+    monkeypatch.setattr(ffi, "SOURCES", [*ffi.SOURCES, broken])
+    with pytest.raises(RuntimeError, match="compiling the CPU kernels failed:\n.*broken/cpu.cc"):
+        ffi.build()
+    assert sorted(p.name for p in folder.iterdir()) == [lib.name]  # nothing of the failed build left
 
 
 @pytest.mark.skipif("avx512f" not in ffi._cpu_flags().split(), reason="this host's own build is the AVX2 path")
