@@ -102,8 +102,9 @@ def build() -> Path:
                                                       capture_output=True, text=True)
         with concurrent.futures.ThreadPoolExecutor(min(len(SOURCES), os.cpu_count() or 1)) as pool:
             done = list(pool.map(compile_one, sources, objects))
-        done.append(subprocess.run([compiler, "-shared", *map(str, objects), "-o", str(tmp / lib.name)],
-                                   capture_output=True, text=True))
+        if all(d.returncode == 0 for d in done):
+            done.append(subprocess.run([compiler, "-shared", *map(str, objects), "-o", str(tmp / lib.name)],
+                                       capture_output=True, text=True))
         failed = next((d for d in done if d.returncode), None)
         if failed is not None:
             raise RuntimeError(f"compiling the CPU kernels failed:\n{failed.stderr[-2000:]}")
