@@ -116,7 +116,7 @@ def read(path: str | Path) -> GGUFFile:
     except struct.error:
         raise ValueError("the header runs past the end of the file") from None
     alignment = fields.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"general.alignment must be a power of two, got {alignment!r}")
     start = -(-head.offset // alignment) * alignment
     tensors, names = [], set()
