@@ -11,7 +11,6 @@ Gemma's norm weights with the 1 of its (1 + w) scale added: it is taken off agai
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import gguf
 import jax
@@ -35,15 +34,10 @@ _TOP_TENSORS = {p.gguf: name for name, p in LLAMA.items() if isinstance(p, Param
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Open a GGUF file (memory-mapped), with one-line errors for a wrong or truncated file."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
     try:
         return gguf_file.read(path)
     except ValueError as e:
-        raise ValueError(f"{path}: truncated or corrupt GGUF file ({e})") from None
+        raise ValueError(f"{path}: {e}") from None
 
 
 def metadata(reader: GGUFFile, key: str, default=None):

@@ -89,15 +89,24 @@ class _Header:
 
 
 def read(path: str | Path) -> GGUFFile:
-    """Parse a GGUF file (memory-mapped: tensor data is read when used). ValueError for a file
-    that is not GGUF, of an unsupported version, big-endian, or truncated."""
+    """Parse a GGUF file (memory-mapped: tensor data is read when used). ValueError, in one line,
+    for a file that is not GGUF, or is truncated, corrupt, big-endian or of another version."""
     path = Path(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        return _parse(path)
+    except ValueError as e:
+        raise ValueError(f"truncated or corrupt GGUF file ({e})") from None
+
+
+def _parse(path: Path) -> GGUFFile:
     buf = np.memmap(path, np.uint8, mode="r")
     head = _Header(buf)
+    head.offset = 4  # past the magic
     try:
-        if bytes(buf[:4]) != b"GGUF":
-            raise ValueError(f"not a GGUF file (magic {bytes(buf[:4])!r}, expected b'GGUF')")
-        head.offset = 4
         version = head.scalar("I")
         if version not in VERSIONS:
             swapped = int.from_bytes(version.to_bytes(4, "little"), "big")
