@@ -115,22 +115,34 @@ def _eos_ids(eos_token_id) -> tuple[int, ...]:
 
 def bucket(n: int, floor: int = 16) -> int:
     """The size a request of n compiles at: the next power of two, at least `floor`. `generate`
-    and `stream` pad the prompt length, the output length and (floor 1) the batch to buckets, so
-    a session of varied requests compiles a few programs, not one per call."""
+    and `stream` pad the prompt length, the output length and the batch to buckets (see
+    `prompt_bucket`, `batch_bucket`), so a session of varied requests compiles a few programs,
+    not one per call."""
     return max(floor, 1 << (int(n) - 1).bit_length())
 
 
+def quarter_bucket(n: int, above: int, floor: int = 16) -> int:
+    """`bucket(n, floor)` up to `above`; past it, the next of 2^k * (5/4, 3/2, 7/4, 2), so a
+    large size pads by at most 25%, not up to 100%, for three more programs an octave."""
+    if n <= above:
+        return bucket(n, floor)
+    step = bucket(n) // 8
+    return -(-int(n) // step) * step
+
+
 LONG_PROMPT = 1024  # tokens; longer prompts pad by at most a quarter, not to the next power of two
+LARGE_BATCH = 64  # rows; larger batches (sampling many rows, RL rollouts) likewise
 
 
 def prompt_bucket(n: int) -> int:
-    """The width a prompt of n tokens compiles at: `bucket(n)` up to LONG_PROMPT tokens; above,
-    the next of 2^k * (5/4, 3/2, 7/4, 2), so a long prompt's prefill pads by at most 25%, not
-    up to 100%, for three more programs an octave."""
-    if n <= LONG_PROMPT:
-        return bucket(n)
-    step = bucket(n) // 8
-    return -(-int(n) // step) * step
+    """The width a prompt of n tokens compiles at (see `quarter_bucket`)."""
+    return quarter_bucket(n, LONG_PROMPT)
+
+
+def batch_bucket(n: int) -> int:
+    """The number of rows a batch of n compiles at (see `quarter_bucket`); added rows are done
+    from the start, but the forward passes still compute them."""
+    return quarter_bucket(n, LARGE_BATCH, floor=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +217,7 @@ def batch(plan: Plan, mesh, padded: np.ndarray, lengths: np.ndarray) -> Batch:
     """Prompts padded to the plan's width (and, bucketed, the batch to its bucket) with rows of
     budget 0, then to fill the mesh's 'data' axis, placed on the mesh (None: as they are)."""
     b = len(padded)
-    extra = bucket(b, floor=1) - b if plan.bucketed else 0
+    extra = batch_bucket(b) - b if plan.bucketed else 0
     rows = np.zeros((b + extra, plan.prompt_len), np.int32)
     rows[:b, : padded.shape[1]] = padded
     rows[b:] = rows[b - 1]
@@ -230,7 +242,7 @@ def prepare(model: Model, prompts, drafter: Drafter | None, request: Request) ->
     padded, lengths = pad_prompts(prompts, model.config.vocab_size)
     p = plan(model.config, model, padded.shape[1], drafter, request, bucketed=True)
     mesh = sharding.mesh_of(model)
-    memory.check(model, p, len(padded), compiled_rows=bucket(len(padded), floor=1),
+    memory.check(model, p, len(padded), compiled_rows=batch_bucket(len(padded)),
                  devices=1 if mesh is None else mesh.shape.get(sharding.DATA, 1))
     drafter = p.drafter if mesh is None else sharding.shard(p.drafter, mesh)
     return Prepared(p, drafter, batch(p, mesh, padded, lengths), len(padded), mesh)
@@ -258,7 +270,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int = 64, drafter: Drafte
     `drafter=None` is plain autoregressive decoding, `sj.Adaptive(...)` chooses the speculation
     length as it goes; `verifier=None` picks the exact rule that fits the drafter and the
     temperature. Prompt length, max_new_tokens and batch size are padded to buckets (see
-    `prompt_bucket`, `bucket`), so varied requests reuse a few compiled programs; a new
+    `prompt_bucket`, `batch_bucket`), so varied requests reuse a few compiled programs; a new
     drafter, verifier, sampling setting or EOS list compiles anew. The stats give decoding
     time (`wall_time_s`, `tokens_per_s`) without compilation, and `compile_s` apart. A model
     laid out on a mesh (`sj.shard`) decodes sharded: the batch over 'data', the drafter laid

@@ -183,11 +183,18 @@ def test_varied_requests_reuse_bucketed_programs(target):
         out = sj.generate(target, prompts, max_new_tokens=new, eos_token_id=eos)
         assert out.tokens.shape == (len(prompts), new)
         width = decoding.prompt_bucket(max(map(len, prompts)))
-        buckets.add((width, decoding.bucket(new), decoding.bucket(len(prompts), 1)))
+        buckets.add((width, decoding.bucket(new), decoding.batch_bucket(len(prompts))))
     assert decoding._decode_jit._cache_size() - before == len(buckets) == 5
     short = sj.generate(target, RAGGED, max_new_tokens=5, eos_token_id=eos)  # a budget, not a new program
     np.testing.assert_array_equal(short.tokens, sj.generate(target, RAGGED, max_new_tokens=16,
                                                            eos_token_id=eos).tokens[:, :5])
+
+
+def test_large_batches_and_long_prompts_pad_by_at_most_a_quarter():
+    from specjax import decoding
+    assert [decoding.batch_bucket(n) for n in (1, 3, 64, 65, 81, 100, 6000, 8192)] == [1, 4, 64, 80, 96, 112, 6144, 8192]
+    assert [decoding.prompt_bucket(n) for n in (3, 17, 1024, 1025, 1300, 2000)] == [16, 32, 1024, 1280, 1536, 2048]
+    assert all(n <= decoding.batch_bucket(n) <= 1.25 * n for n in range(65, 5000))
 
 
 def test_stats_time_decoding_apart_from_compiling(target):

@@ -379,8 +379,8 @@ def sharp_eagle(target, version, **settings):
     return Eagle(eh.init(cfg, jax.random.key(5), target.params, std=0.3), cfg, tree="dyspec", **settings)
 
 
-# the child-scored control below fails at p ~ 6e-13 on 24k samples but only ~2e-5 on the shared
-# 12k: EAGLE's DySpec law is tested on 24k (4 calls of 6000)
+# the child-scored control below fails at p ~ 6e-13 on 24k samples but only ~2e-5 on 12k: EAGLE's
+# DySpec law is tested on 24k (4 calls of 6000), not the shared 6000
 DYSPEC_SAMPLES = dict(samples=24_000, calls=4)
 
 
@@ -411,7 +411,7 @@ def test_a_wrong_eagle_dyspec_is_detected(wrong, monkeypatch):
 
     target = sharp_model(3)
     params = sj.sampling.SamplingParams(temperature=1.0)
-    if wrong == "SpecInfer":  # p < 1e-300 on 6000 samples: the shared 12k
+    if wrong == "SpecInfer":  # p < 1e-300 on the shared 6000 samples
         drafter, verifier, samples = sharp_eagle(target, 1, depth=2, total_tokens=5), sj.verify.SpecInfer(), {}
     else:
         monkeypatch.setattr(growth, "_slot_gain", lambda child_q, greedy: child_q)

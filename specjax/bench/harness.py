@@ -197,7 +197,7 @@ def _check_fits(model, runners, longest: int, cfg: BenchConfig) -> None:
         p = decoding.plan(model.config, model, longest, drafter, decoding.Request(cfg.max_new_tokens,
                           temperature=cfg.temperature), bucketed=True)
         for b in cfg.batches:
-            memory.check(model, p, b, compiled_rows=decoding.bucket(b, floor=1))
+            memory.check(model, p, b, compiled_rows=decoding.batch_bucket(b))
 
 
 def run(cfg: BenchConfig, progress: bool = True) -> list[dict]:
