@@ -2,7 +2,7 @@
 tokens by enumeration with `sj.forward`, the law `sj.generate` samples with a drafter and a
 verifier, and a chi-square test between them (with enough samples that a wrong rule fails:
 tests/test_engine.py's wrong pairing and child-scored DySpec are the negative controls, at
-p < 1e-99 with SAMPLES; EAGLE's DySpec in tests/test_heads.py needs twice as many)."""
+p < 1e-99 with SAMPLES; EAGLE's DySpec in tests/test_heads.py needs 24000)."""
 
 from __future__ import annotations
 
