@@ -413,6 +413,7 @@ void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0
     for (int i = 0; i < R; ++i)
       for (int j = 0; j < 4; ++j) store(m0 + i, j, acc[i][j]);
   };
+  if (M <= A8_MR) return with_rows<A8_MR>(M, [&](auto r) { over_k(0, r, std::false_type{}, nullptr); });
   if (M > A8_GROUPWISE_ROWS) {
     auto blocks = [&](auto split_planes_first) {
       const __m512i* split = decltype(split_planes_first)::value ? split_planes(w, n0) : nullptr;
@@ -425,7 +426,6 @@ void a8_columns(const Rows8& x, const Weight& w, float* y, int64_t M, int64_t n0
     else blocks(std::false_type{});
     return;
   }
-  if (M <= A8_MR) return with_rows<A8_MR>(M, [&](auto r) { over_k(0, r, std::false_type{}, nullptr); });
   alignas(64) float acc[A8_GROUPWISE_ROWS * A8_COLS] = {};
   const int64_t blocks = (M + A8_GROUPWISE_MR - 1) / A8_GROUPWISE_MR, even = M / blocks, longer = M % blocks;
   for (int64_t g = 0; g < c.groups; ++g)
