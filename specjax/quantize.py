@@ -36,6 +36,22 @@ def largest_group(k: int, bits: int) -> int:
     return max(fits)
 
 
+def quantize_weight(w, bits: int, group_size: int | None = None, name: str = "weight"):
+    """One matmul weight [..., K, N] (an array, a PanelWeight or a LayerList of them) as a
+    QuantizedWeight of `bits` in the kernels' layout; group_size None: `largest_group`."""
+    if isinstance(w, LayerList):
+        return w.map(lambda layer: quantize_weight(layer, bits, group_size, name))
+    if isinstance(w, pallas_kernels.QuantizedWeight):
+        raise ValueError(f"{name} is already quantized")
+    try:
+        g = group_size if group_size is not None else largest_group(w.shape[-2], bits)
+        if isinstance(w, PanelWeight):
+            w = w.untiled()
+        return pallas_kernels.kernel_layout(pallas_kernels.quantize(w, bits, g))
+    except ValueError as e:
+        raise ValueError(f"cannot quantize {name} {tuple(w.shape)}: {e}") from None
+
+
 def is_quantized(model: Model) -> bool:
     """Whether `model`'s layer weights are quantized (`QuantizedWeight`s: `quantize`, a Q8_0 /
     Q4_0 GGUF)."""
@@ -53,17 +69,7 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
     def one(name, w, bits=MODES[mode]):
-        if isinstance(w, LayerList):
-            return w.map(lambda layer: one(name, layer))
-        if isinstance(w, pallas_kernels.QuantizedWeight):
-            raise ValueError(f"{name} is already quantized")
-        try:
-            g = group_size if group_size is not None else largest_group(w.shape[-2], bits)
-            if isinstance(w, PanelWeight):
-                w = w.untiled()
-            return pallas_kernels.kernel_layout(pallas_kernels.quantize(w, bits, g))
-        except ValueError as e:
-            raise ValueError(f"cannot quantize {name} {tuple(w.shape)}: {e}") from None
+        return quantize_weight(w, bits, group_size, name)
 
     params = {k: dict(v) if isinstance(v, dict) else v for k, v in model.params.items()}  # to set leaves in
     for leaf in leaves(LLAMA, model.config):
