@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import specjax as sj
+from pallas_kernels import QuantizedWeight, dequantize
 from specjax.drafters import Eagle, Medusa
 from specjax.tree.sparse import medusa_tree
 from specjax.heads import eagle as eh
@@ -294,6 +295,22 @@ def reduced_eagle3(target, d2t, key, **settings):
     return Eagle({**params, "d2t": jnp.asarray(d2t, jnp.int32)}, cfg, **settings)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_eagle3_head_starts_from_a_quantized_targets_lm_head(tied):
+    """A GGUF's target carries its LM head quantized (a tied one as a quantized copy): the draft's
+    reduced LM head starts from those columns, dequantized."""
+    float_target = sj.Model.init(dataclasses.replace(_config(), tie_word_embeddings=tied), jax.random.key(0))
+    target = sj.quantize(float_target, "int8")
+    assert isinstance(target.params["lm_head"], QuantizedWeight)
+    d2t = np.array([3, 0, 17, 63, 40])
+    cfg = dataclasses.replace(eh.EagleConfig.for_target(target.config, 3), draft_vocab_size=len(d2t))
+    head = eh.init(cfg, jax.random.key(0), target.params, d2t=d2t)["lm_head"]
+    assert head.dtype == jnp.float32
+    np.testing.assert_array_equal(head, np.asarray(dequantize(target.params["lm_head"]))[:, d2t])
+    float_head = float_target.params["embed"].T if tied else float_target.params["lm_head"]
+    np.testing.assert_allclose(head, np.asarray(float_head)[:, d2t], atol=0.02)  # int8's rounding
+
+
 def head_drafters(target):
     c = target.config
     mp = mh.init(jax.random.key(1), 3, E, V, own_lm_head=False)
@@ -334,6 +351,39 @@ def test_greedy_equals_autoregressive(name, target, tmp_path):
         out = sj.generate(target, RAGGED[:1], max_new_tokens=8, drafter=loaded, temperature=0.8,
                           verifier=sj.verify.Typical())
         assert out.num_tokens[0] == 8 and out.stats.verifier == "Typical"
+
+
+def test_eagle3_drafting_with_int8_weights_is_lossless(target, tmp_path):
+    """A head folder whose head.json says weights "int8" drafts with its matmuls quantized (fc,
+    the layer's projections, its LM head; norms and d2t float), near the float head's logits,
+    and greedy decoding still equals AR token for token; weights="float" overrides the folder,
+    and a quantized head refuses to be saved (the folder stores the float weights)."""
+    head = reduced_eagle3(target, np.arange(0, V, 2)[::-1], jax.random.key(4), top_k=2, depth=3, total_tokens=7)
+    head.save(tmp_path)
+    meta = json.loads((tmp_path / "head.json").read_text())
+    (tmp_path / "head.json").write_text(json.dumps({**meta, "weights": "int8"}))
+    quantized = Eagle.load(tmp_path, target=target)
+    p = quantized.params
+    for w in (p["fc_w"], p["lm_head"], *(p["layer"][n] for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))):
+        assert isinstance(w, QuantizedWeight) and w.bits == 8
+    assert not isinstance(p["norm"], QuantizedWeight) and p["d2t"].dtype == jnp.int32
+    assert not isinstance(Eagle.load(tmp_path, weights="float").params["lm_head"], QuantizedWeight)
+
+    out = target(jnp.asarray([RAGGED[0]]), return_layers=head.target_layers)
+    h = jax.random.normal(jax.random.key(5), (1, 3, E))
+    want, got = (np.asarray(eh.logits(d.config, d.params, h))[..., np.arange(0, V, 2)] for d in (head, quantized))
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()  # int8's rounding, not another function
+    feats = [eh.target_feature(d.config, d.params, out.hidden, out.layer_hidden) for d in (head, quantized)]
+    np.testing.assert_allclose(feats[1], feats[0], atol=0.02 * float(jnp.abs(feats[0]).max()))
+
+    for prompts in (RAGGED[:1], RAGGED):
+        ar = sj.generate(target, prompts, max_new_tokens=16)
+        spec = sj.generate(target, prompts, max_new_tokens=16, drafter=quantized)
+        np.testing.assert_array_equal(spec.tokens, ar.tokens)
+    with pytest.raises(ValueError, match="quantized"):
+        quantized.save(tmp_path / "again")
+    with pytest.raises(ValueError, match="int8, int4"):
+        Eagle.load(tmp_path, weights="int3")
 
 
 def test_eagle_drafts_what_its_head_predicts(target):

@@ -163,8 +163,8 @@ def read_eagle(path, target: Model | None = None, target_layers=None,
     p = resolve_head(path, "eagle")
     if is_head_folder(p):
         params, meta = read_head(p, "eagle", "EAGLE")
-        stored = {k: meta[k] for k in ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes", "tree")
-                  if k in meta}
+        keys = ("top_k", "depth", "total_tokens", "min_prob", "verify_sizes", "tree", "weights")
+        stored = {k: meta[k] for k in keys if k in meta}
         return params, EagleConfig.from_dict(meta["config"]), stored
     folder = p if p.is_dir() else p.parent
     file = pick(p, ("model.safetensors", "pytorch_model.bin"), allow_pickle) if p.is_dir() else p

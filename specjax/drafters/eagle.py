@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import QuantizedWeight
 from specjax import sampling, verify
 from specjax.convert import heads as ckpt
 from specjax.drafters.base import Context, Drafter
@@ -198,7 +199,11 @@ class Eagle(Drafter):
 
     def save(self, folder, target: Model | None = None) -> None:
         """Write the specjax format: head.json + head.safetensors (with `target`, the shape of
-        the target it drafts for, by which the named drafter finds a shipped head)."""
+        the target it drafts for, by which the named drafter finds a shipped head). A head
+        loaded with quantized weights is not saved: its folder keeps the float ones."""
+        if any(map(_is_quantized, jax.tree.leaves(self.params, is_leaf=_is_quantized))):
+            raise ValueError("this head drafts with quantized weights: save the float head (load it with "
+                             "weights='float') and set `weights` in its head.json to quantize it on load")
         meta = {"config": self.config.to_dict(), "top_k": self.top_k, "depth": self.depth,
                 "total_tokens": self.total_tokens, "min_prob": self.min_prob, "verify_sizes": self.verify_sizes,
                 "tree": self.tree}
@@ -208,18 +213,28 @@ class Eagle(Drafter):
 
     @classmethod
     def load(cls, path, *, target: Model | None = None, target_layers=None, allow_pickle: bool = False,
-             **settings) -> "Eagle":
+             weights: str | None = None, **settings) -> "Eagle":
         """A specjax head folder, 'tiny', or a published EAGLE-1 / EAGLE-3 folder (`config.json`
         + `model.safetensors`, or `pytorch_model.bin` with allow_pickle=True). EAGLE-3
         checkpoints do not record which target layers they fuse: pass `target_layers` or the
-        `target` (EAGLE-3's default taps). With `target`, the head is checked against it."""
+        `target` (EAGLE-3's default taps). With `target`, the head is checked against it.
+        `weights`: "float", or "int8" / "int4" to draft with the head's matmuls quantized
+        (`specjax.heads.eagle.quantize`); default: the folder's head.json `weights`, else float."""
         params, cfg, stored = ckpt.read_eagle(path, target, target_layers, allow_pickle)
         if settings.get("tree", stored.get("tree")) == "dyspec" and "min_prob" not in settings:
             stored.pop("min_prob", None)  # a stored top-k tree's confidence gate: DySpec keeps every node
+        stored_weights = stored.pop("weights", "float")
+        weights = stored_weights if weights is None else weights
+        if weights != "float":
+            params = eagle_head.quantize(params, weights)
         d = cls(params, cfg, **{**stored, **settings})
         if target is not None:
             d.check(target)
         return d
+
+
+def _is_quantized(x) -> bool:
+    return isinstance(x, QuantizedWeight)
 
 
 def _mapped(after, f):

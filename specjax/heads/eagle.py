@@ -29,10 +29,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import QuantizedWeight, dequantize
 from specjax.models import KVCache, ModelConfig
 from specjax.models.llama import apply_rope, attention_block, dense, mlp_block, rms_norm, rope_inv_freq, rope_tables
 from specjax.models.params import LAYER as LLAMA_LAYER
 from specjax.models.params import Param, random_params, shapes
+from specjax.quantize import MODES, quantize_weight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +149,38 @@ def init(cfg: EagleConfig, key: jax.Array, target_params: dict | None = None, st
          d2t=None) -> dict:
     """Random init (norms 1, bias 0). v1's fc starts as [0; I] + noise (the draft starts by
     passing the target's feature through); v3's LM head starts from the target's when given
-    (its `d2t` columns for a reduced draft vocabulary; d2t itself is not a trained parameter)."""
+    (its `d2t` columns for a reduced draft vocabulary; d2t itself is not a trained parameter),
+    dequantized when the target's is quantized (a GGUF's)."""
     params = random_params(PARAMS, cfg, key, num_layers=1, std=std)
     if cfg.version == 1:
         e = cfg.hidden_size
         params["fc_w"] = params["fc_w"].at[e:].add(jnp.eye(e))
     elif target_params is not None and (d2t is not None or cfg.draft_vocab_size == cfg.vocab_size):
         head = target_params.get("lm_head")
-        head = jnp.asarray(target_params["embed"].T if head is None else head, jnp.float32)
+        head = target_params["embed"].T if head is None else head
+        head = jnp.asarray(dequantize(head) if isinstance(head, QuantizedWeight) else head, jnp.float32)
         params["lm_head"] = head if d2t is None else head[:, jnp.asarray(d2t)]
     return params
+
+
+def quantize(params: dict, mode: str) -> dict:
+    """The head with its matmul weights (fc, the layer's projections, its own LM head) quantized
+    to `mode` ("int8" or "int4", as `sj.quantize` does a model's): the draft then reads a quarter
+    (int8) of the float weights' bytes each step, which on a CPU is most of its cost. Norms,
+    biases, the embedding and d2t stay; drafts are verified, so the output does not change."""
+    if mode not in MODES:
+        raise ValueError(f"EAGLE head weights must be one of {', '.join(MODES)}, got {mode!r}")
+    one = lambda name, w: quantize_weight(w, MODES[mode], name=name)
+    out = {**params, "layer": {n: one(n, w) if n in _LAYER_MATMULS else w for n, w in params["layer"].items()}}
+    return {**out, **{n: one(n, params[n]) for n in ("fc_w", "lm_head") if n in params}}
+
+
+def _float(w):
+    """A weight as `dense` takes it: float32, or a QuantizedWeight as it is (`quantize`)."""
+    return w if isinstance(w, QuantizedWeight) else w.astype(jnp.float32)
+
+
+_LAYER_MATMULS = tuple(n for n, p in LAYER.items() if p.matmul)
 
 
 # ---- the layer -----------------------------------------------------------------------------------
@@ -167,7 +191,7 @@ def target_feature(cfg: EagleConfig, params: dict, hidden: jax.Array, layer_hidd
     if cfg.version == 1:
         return hidden.astype(jnp.float32)
     fused = jnp.concatenate([layer_hidden[i].astype(jnp.float32) for i in range(3)], axis=-1)
-    return dense(fused, params["fc_w"].astype(jnp.float32))
+    return dense(fused, _float(params["fc_w"]))
 
 
 def _inputs(cfg, params, emb, feat):
@@ -175,7 +199,7 @@ def _inputs(cfg, params, emb, feat):
     lp = params["layer"]
     emb, feat = emb.astype(jnp.float32), feat.astype(jnp.float32)
     if cfg.version == 1:
-        x = dense(jnp.concatenate([emb, feat], -1), params["fc_w"].astype(jnp.float32)) + params["fc_b"]
+        x = dense(jnp.concatenate([emb, feat], -1), _float(params["fc_w"])) + params["fc_b"]
         return x, x
     x = jnp.concatenate([rms_norm(emb, lp["attn_norm"], cfg.rms_norm_eps),
                          rms_norm(feat, lp["hidden_norm"], cfg.rms_norm_eps)], -1)
@@ -214,7 +238,7 @@ def logits(cfg: EagleConfig, params: dict, h: jax.Array, target_lm_head: jax.Arr
     v1 uses the target's LM head [E, V]; v3 its own (d2t maps a smaller draft vocabulary)."""
     if cfg.version == 1:
         return dense(h.astype(jnp.float32), target_lm_head.astype(jnp.float32), out_dtype=jnp.float32)
-    out = dense(rms_norm(h, params["norm"], cfg.rms_norm_eps), params["lm_head"].astype(jnp.float32),
+    out = dense(rms_norm(h, params["norm"], cfg.rms_norm_eps), _float(params["lm_head"]),
                 out_dtype=jnp.float32)
     if "d2t" in params:
         full = jnp.full((*out.shape[:-1], cfg.vocab_size), -1e30, jnp.float32)
