@@ -18,8 +18,8 @@ from specjax.data.chat import prompt_ids
 from specjax.data.distill_prompts import build_prompts
 from specjax.drafters import Clover, Eagle, Medusa
 
-# (top_k, depth, total_tokens, min_prob, verify_sizes): 2, 4 and 8 nodes cost 1.30x, 1.50x and 1.81x
-# an AR step here, 12 and 16 2.18x and 2.69x (benchmarks/cpu-smollm2/forward-cost.md); with min_prob the tree
+# (top_k, depth, total_tokens, min_prob, verify_sizes): the verify's cost per node count is the forward-cost
+# curve (benchmarks/cpu-smollm2/forward-cost.md; the CPU kernels made wide verifies cheaper since); with min_prob the tree
 # keeps the nodes the head is sure of and the target verifies the smallest size that holds them (1: an AR step).
 EAGLE_TREES = [(2, 3, 4, 0.0, ()), (2, 3, 4, 0.1, (1, 2)), (2, 3, 4, 0.2, (1, 2)), (2, 3, 4, 0.3, (1, 2)),
                (2, 3, 4, 0.2, (1,)), (4, 3, 8, 0.0, ()), (4, 5, 8, 0.0, ()), (4, 5, 8, 0.1, (1, 4)),
