@@ -68,17 +68,14 @@ def quantize(model: Model, mode: str, group_size: int | None = None) -> Model:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
-    def one(name, w, bits=MODES[mode]):
-        return quantize_weight(w, bits, group_size, name)
-
     params = {k: dict(v) if isinstance(v, dict) else v for k, v in model.params.items()}  # to set leaves in
     for leaf in leaves(LLAMA, model.config):
         if leaf.param.matmul:
             *parents, name = leaf.path
             node = functools.reduce(dict.__getitem__, parents, params)
-            node[name] = one("/".join(leaf.path), node[name])
+            node[name] = quantize_weight(node[name], MODES[mode], group_size, "/".join(leaf.path))
     if model.config.tie_word_embeddings:  # a quantized copy for the head; the gather stays float
-        params["lm_head"] = one("lm_head", params["embed"].T, bits=8)
+        params["lm_head"] = quantize_weight(params["embed"].T, 8, group_size, "lm_head")
     return Model(params, model.config)
 
 
