@@ -224,6 +224,26 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _keep_compiled_programs() -> None:
+    """Keep the XLA programs `generate` compiles between runs, in the specjax cache under `xla/`,
+    one folder per jaxlib version and host CPU: a second run of the same command skips its
+    compile (SmolLM2: 16.5 s -> 7.5 s start to finish). A cache folder the user chose
+    (JAX_COMPILATION_CACHE_DIR) is kept; JAX_ENABLE_COMPILATION_CACHE=false turns it off."""
+    import hashlib
+
+    import jax
+    import jaxlib
+
+    from pallas_kernels.ffi import cpu_flags
+    from specjax.convert.gguf_cache import cache_root
+
+    if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
+        return
+    key = hashlib.sha256(f"{jaxlib.__version__} {cpu_flags()}".encode()).hexdigest()[:16]
+    jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla" / key))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # most of its programs compile in < 1 s
+
+
 def _generate(args, new: list[int]) -> None:
     import jax
 
@@ -231,6 +251,7 @@ def _generate(args, new: list[int]) -> None:
     from specjax import methods
     from specjax.decoding import check_positions
 
+    _keep_compiled_programs()
     folder = _resolve(args.model, "--model")
     tokenizer = _load_tokenizer(folder)
     constraint = _constraint(args, tokenizer)

@@ -27,6 +27,11 @@ def _compile_fast_flags() -> str:
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = _compile_fast_flags()
 
+# `generate` keeps its compiled programs between runs (specjax/__main__.py): off for the suite, so
+# that a test running the CLI in this process leaves no cache on for the tests after it, and the
+# CLI and docs subprocesses compile as the suite does (tests/test_cli.py turns it on to test it).
+os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
+
 import pytest
 
 torch = pytest.importorskip("torch")

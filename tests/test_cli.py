@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,6 +39,23 @@ def test_generate_command_runs_on_the_shipped_model():
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def parse_args(argv):") and len(r.stdout) > len("def parse_args(argv):")
     assert "new tokens" in r.stderr and "tau" in r.stderr and "method prompt-lookup" in r.stderr
+
+
+def test_a_second_run_takes_its_programs_from_the_compile_cache(tmp_path):
+    """`generate` keeps its compiled programs in the specjax cache: a second run of the same
+    command compiles nothing new (no entry added) and prints the same text."""
+    env = {**os.environ, "SPECJAX_CACHE": str(tmp_path), "JAX_ENABLE_COMPILATION_CACHE": "true"}
+    args = [sys.executable, "-m", "specjax", "generate", "--prompt", "def f(x):", "--max-new-tokens", "12",
+            "--drafter", "prompt-lookup"]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr
+    (folder,) = (tmp_path / "xla").iterdir()  # one folder for this jaxlib and CPU
+    entries = sorted(p.name for p in folder.iterdir())
+    assert len(entries) >= 2, entries
+    second = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert sorted(p.name for p in folder.iterdir()) == entries
 
 
 def test_generate_command_matches_the_library():

@@ -42,7 +42,8 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """This host's CPU flags line (what a build for it or a program compiled on it is keyed by)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -66,7 +67,7 @@ def _key(compiler: str) -> str:
     for path in (*SOURCES, *HEADERS):
         h.update(path.name.encode() + path.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    h.update((compiler + version + jaxlib.__version__ + _cpu_flags() + " ".join(_extra_flags())).encode())
+    h.update((compiler + version + jaxlib.__version__ + cpu_flags() + " ".join(_extra_flags())).encode())
     return h.hexdigest()[:16]
 
 
