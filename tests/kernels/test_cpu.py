@@ -441,7 +441,7 @@ def test_build_is_cached_and_a_killed_build_is_cleaned(tmp_path, monkeypatch):
     assert sorted(p.name for p in folder.iterdir()) == [lib.name]  # nothing of the failed build left
 
 
-@pytest.mark.skipif("avx512f" not in ffi._cpu_flags().split(), reason="this host's own build is the AVX2 path")
+@pytest.mark.skipif("avx512f" not in ffi.cpu_flags().split(), reason="this host's own build is the AVX2 path")
 def test_the_avx2_path_equals_the_reference_too(tmp_path):
     """On an AVX-512 host, the kernels as an AVX2-only host builds them
     (`SPECJAX_CPU_KERNEL_FLAGS=-mno-avx512f`, a build of their own) pass the equality tests:
