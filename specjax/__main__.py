@@ -227,8 +227,8 @@ def cmd_generate(args) -> int:
 def _keep_compiled_programs() -> None:
     """Keep the XLA programs `generate` compiles between runs, in the specjax cache under `xla/`,
     one folder per jaxlib version and host CPU: the next run of the same command skips its
-    compile (SmolLM2: 16.5 s -> 7.5 s start to finish; docs/guide/cli.md). A cache folder the user chose
-    (JAX_COMPILATION_CACHE_DIR) is kept; JAX_ENABLE_COMPILATION_CACHE=false turns it off."""
+    compile (docs/guide/cli.md). A cache folder the user chose (JAX_COMPILATION_CACHE_DIR) is
+    kept; JAX_ENABLE_COMPILATION_CACHE=false turns it off."""
     import hashlib
 
     import jax

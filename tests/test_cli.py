@@ -17,9 +17,9 @@ from specjax.__main__ import main
 from specjax.convert import resolve
 
 
-def run(*args, timeout=600):
+def run(*args, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "specjax", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 def test_shipped_models_match_transformers():
@@ -45,14 +45,13 @@ def test_a_second_run_takes_its_programs_from_the_compile_cache(tmp_path):
     """`generate` keeps its compiled programs in the specjax cache: a second run of the same
     command compiles nothing new (no entry added) and prints the same text."""
     env = {**os.environ, "SPECJAX_CACHE": str(tmp_path), "JAX_ENABLE_COMPILATION_CACHE": "true"}
-    args = [sys.executable, "-m", "specjax", "generate", "--prompt", "def f(x):", "--max-new-tokens", "12",
-            "--drafter", "prompt-lookup"]
-    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    args = ["generate", "--prompt", "def f(x):", "--max-new-tokens", "12", "--drafter", "prompt-lookup"]
+    first = run(*args, env=env)
     assert first.returncode == 0, first.stderr
     (folder,) = (tmp_path / "xla").iterdir()  # one folder for this jaxlib and CPU
     entries = sorted(p.name for p in folder.iterdir())
     assert len(entries) >= 2, entries
-    second = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    second = run(*args, env=env)
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     assert sorted(p.name for p in folder.iterdir()) == entries
