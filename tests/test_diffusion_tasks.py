@@ -49,7 +49,7 @@ def test_freedave_is_static_decoding_on_every_task_in_fewer_forwards(model):
 
 def test_the_dependency_fixture_separates_sequential_from_parallel_decoding(model):
     rng = np.random.default_rng(12)
-    examples = [pb.sample("pair", rng) for _ in range(256)]
+    examples = [pb.sample("pair", rng) for _ in range(128)]
     canvas = _canvas(examples)
     valid = lambda out: pb.accuracy(examples, out.tokens)
     run = lambda rule, **kw: dd.generate(model, canvas, gen_length=pb.GEN_LENGTH, blocks=2, rule=rule, **kw)
@@ -68,7 +68,7 @@ def test_the_dependency_fixture_separates_sequential_from_parallel_decoding(mode
     parallel = valid(run(dd.TopK(2), temperature=1.0, key=key))
     assert abs(parallel - predicted) < 4 * sigma, (parallel, predicted)
     # negative control: one digit per forward, the second seeing the first, keeps the dependency
-    assert valid(run(dd.TopK(1), temperature=1.0, key=key)) > predicted + 6 * sigma  # measured: 16 sigma
+    assert valid(run(dd.TopK(1), temperature=1.0, key=key)) > predicted + 6 * sigma  # measured: 11 sigma
     # greedy, the same split: both argmaxes in one forward often name the same digit (measured 0.39)
     assert valid(run(dd.TopK(1))) >= 0.9 and valid(run(dd.TopK(2))) <= 0.5
     # the threshold rule falls back to one digit per forward (the first block takes two forwards)

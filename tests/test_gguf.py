@@ -15,6 +15,7 @@ from pallas_kernels import QuantizedWeight
 from specjax.convert import gguf_file
 from tests.conftest import BASE, FAMILIES
 from tests.gguf_files import add_tensor, finish, writer
+from tests.references import assert_logits_match, logit_sample, transformers_reference
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -335,9 +336,27 @@ CHATS = [[{"role": "user", "content": "Write a Python function that reverses a s
           {"role": "assistant", "content": "84."}, {"role": "user", "content": "And  12 *  8 ?"}]]
 
 
+def smollm2_reference(path, inputs: dict) -> dict:
+    """transformers on the SmolLM2 GGUF: the first prompt's logits, greedy continuations, and its
+    tokenizer (with SmolLM2's own pre-tokenizer: digits split one by one, then byte-level;
+    llama.cpp's `smollm` pre-tokenizer does the same, while transformers' GGUF loader drops the
+    digit split, which differs on spaces before a digit)."""
+    from tokenizers import pre_tokenizers
+
+    model = hf_from_gguf(path)
+    hf = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    renders = [hf.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in inputs["chats"]]
+    return {"logits": logit_sample(hf_logits(model, inputs["prompts"][:1])[0]),
+            "greedy": torch_greedy(model, inputs["prompts"], inputs["steps"]),
+            "encodings": [hf.encode(text) for text in inputs["strings"]], "renders": renders,
+            "chat_ids": [hf.encode(r, add_special_tokens=False) for r in renders]}
+
+
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    """(specjax model, its tokenizer, transformers' GGUF-loaded model, load seconds first/cached)."""
+    """(specjax model, its tokenizer, transformers' outputs, load seconds first/cached)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECJAX_CACHE", str(tmp_path_factory.mktemp("smollm2-cache")))
         t0 = time.perf_counter()
@@ -346,8 +365,8 @@ def smollm2(tmp_path_factory):
         model = sj.load("smollm2")
         t2 = time.perf_counter()
         tok = sj.load_tokenizer("smollm2")
-    path = sj.convert.resolve("smollm2")
-    reference = hf_from_gguf(path)
+    reference = transformers_reference("smollm2", sj.convert.resolve("smollm2"), smollm2_inputs(tok),
+                                       smollm2_reference)
     return model, tok, reference, (t1 - t0, t2 - t1)
 
 
@@ -359,10 +378,9 @@ def test_smollm2_logits_and_greedy_match_transformers(smollm2):
     prompts = [tok.chat(CHATS[0]), tok.chat(CHATS[1])]
     # 30 float32 layers summed in another order (torch's GEMM, XLA's or the CPU kernels'
     # register blocks): a few of 2M logits (up to ~30) are up to ~1.5e-4 apart
-    np.testing.assert_allclose(np.asarray(sj.forward(model, np.array([prompts[0]]))),
-                               hf_logits(reference, [prompts[0]]), atol=3e-4, rtol=1e-5)
+    assert_logits_match(sj.forward(model, np.array([prompts[0]]))[0], reference["logits"], atol=3e-4, rtol=1e-5)
     out = sj.generate(model, prompts, max_new_tokens=24)  # ragged: two prompt lengths
-    assert out.tokens.tolist() == torch_greedy(reference, prompts, 24)
+    assert out.tokens.tolist() == reference["greedy"]
     assert "def" in tok.decode(out.tokens[0])
 
 
@@ -387,25 +405,21 @@ def tokenizer_strings() -> list[str]:
     return chunks + runs + unicode + numbers + specials
 
 
+def smollm2_inputs(tok) -> dict:
+    return {"prompts": [tok.chat(c) for c in CHATS], "steps": 24, "strings": tokenizer_strings(), "chats": CHATS}
+
+
 @smollm2_only
 def test_smollm2_tokenizer_matches_transformers(smollm2):
-    """Against transformers' tokenizer from the same GGUF, with SmolLM2's own pre-tokenizer (digits
-    split one by one, then byte-level): llama.cpp's `smollm` pre-tokenizer does the same, while
-    transformers' GGUF loader drops the digit split (it differs on spaces before a digit)."""
-    from tokenizers import pre_tokenizers
-
-    _, tok, _, _ = smollm2
-    path = sj.convert.resolve("smollm2")
-    hf = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    """Against transformers' tokenizer from the same GGUF, with SmolLM2's own pre-tokenizer
+    (`smollm2_reference`)."""
+    _, tok, reference, _ = smollm2
     strings = tokenizer_strings()
     assert len(strings) > 250
-    for text in strings:
-        assert tok.encode(text) == hf.encode(text), repr(text)
+    for text, want in zip(strings, reference["encodings"], strict=True):
+        assert tok.encode(text) == want, repr(text)
         assert tok.decode(tok.encode(text)) == text
-    for messages in CHATS:
-        rendered = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    for messages, rendered, ids in zip(CHATS, reference["renders"], reference["chat_ids"], strict=True):
         assert tok.render(messages) == rendered
-        assert tok.chat(messages) == hf.encode(rendered, add_special_tokens=False)
+        assert tok.chat(messages) == ids
     assert (tok.bos_token_id, tok.eos_token_ids) == (1, (2,))
