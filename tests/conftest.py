@@ -34,6 +34,13 @@ os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 
 import pytest
 
+from pallas_kernels import ffi
+
+# The CPU kernels, built (by pytest's first process, before pytest-xdist starts its workers) and
+# loaded from the user cache now: a test that points SPECJAX_CACHE elsewhere would otherwise have
+# its worker build them there (~16 s on 2 cores), as would a subprocess that inherits it.
+ffi.available()
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
