@@ -15,7 +15,7 @@ from specjax.drafters import DraftModel, PromptLookup, TokenRecycling
 from specjax.models import KVCache, forward, init_params
 from specjax.sampling import SamplingParams
 from tests.gguf_files import add_tensor, finish, writer
-from tests.references import assert_logits_match, logit_sample, sha256, transformers_reference
+from tests.references import assert_logits_match, hf_logits, logit_sample, sha256, transformers_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -68,11 +68,6 @@ def gemma(tmp_path_factory):
         return cache[name]
 
     return get
-
-
-def hf_logits(hf, tokens):
-    with torch.no_grad():
-        return hf(torch.tensor(np.asarray(tokens))).logits.numpy()
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

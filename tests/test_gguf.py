@@ -15,7 +15,7 @@ from pallas_kernels import QuantizedWeight
 from specjax.convert import gguf_file
 from tests.conftest import BASE, FAMILIES
 from tests.gguf_files import add_tensor, finish, writer
-from tests.references import assert_logits_match, logit_sample, transformers_reference
+from tests.references import assert_logits_match, hf_logits, logit_sample, transformers_reference
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -116,11 +116,6 @@ def hf_from_gguf(path):
     """transformers' own GGUF loader (dequantizes everything to float32)."""
     return transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-
-
-def hf_logits(model, tokens):
-    with torch.no_grad():
-        return model(torch.tensor(np.asarray(tokens))).logits.numpy()
 
 
 TOKENS = np.array([[0, 5, 17, 40, 99, 3, 60, 7, 8, 21], [0, 70, 2, 33, 45, 90, 11, 12, 13, 14]])

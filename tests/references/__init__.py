@@ -48,6 +48,14 @@ def store(name: str, gguf_path, inputs: dict, compute: Callable[[Path, dict], di
     return out
 
 
+def hf_logits(model, tokens) -> np.ndarray:
+    """A transformers model's logits for a batch of token ids."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(tokens))).logits.numpy()
+
+
 def logit_sample(logits: np.ndarray) -> dict[str, Any]:
     """A row of logits [T, V] kept as each position's TOP highest and SPREAD fixed ids (values to 7
     digits), and each position's log-sum-exp over the whole vocabulary."""
